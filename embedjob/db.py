@@ -1,0 +1,156 @@
+"""The shared database schema (SQLAlchemy Core) and its migrations.
+
+The driver writes these tables; the controller only reads `runs`/`batches` to report
+progress. Bookkeeping tables have fixed names (prefix `embedjob_`) and are created by
+the Alembic migrations in `embedjob/migrations`. The vectors table is named by the
+user (`spec.sink.table`) and its width depends on the model, so it is created by
+`vectors_table(...).create(checkfirst=True)` once the model's dimension is known.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.types import UserDefinedType
+
+metadata = sa.MetaData()
+
+
+class Vector(UserDefinedType):
+    """pgvector's `vector(n)`; values travel as pgvector's text form '[1,2,3]'."""
+
+    cache_ok = True
+
+    def __init__(self, dim: int):
+        self.dim = dim
+
+    def get_col_spec(self, **kw) -> str:
+        return f"vector({self.dim})"
+
+
+def _ts(name: str, **kw) -> sa.Column:
+    return sa.Column(name, sa.DateTime(timezone=True), **kw)
+
+
+# One row per driver run over one input snapshot. A job (keyed by the EmbeddingJob's
+# uid, or `local/<namespace>/<name>` for `embedjob run`) normally has one run; a new
+# one is started only when the input changed and the user asked for it.
+runs = sa.Table(
+    "embedjob_runs",
+    metadata,
+    sa.Column("run_id", sa.String(36), primary_key=True),
+    sa.Column("job_key", sa.String(300), nullable=False, index=True),
+    sa.Column("job_name", sa.String(253), nullable=False),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("collection", sa.String(128), nullable=False),
+    sa.Column("vectors_table", sa.String(63), nullable=False),
+    sa.Column("model", sa.String(256), nullable=False),
+    sa.Column("revision", sa.String(128), nullable=False),
+    sa.Column("input_fingerprint", sa.String(64), nullable=False),
+    sa.Column("config_fingerprint", sa.String(64), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),  # running | succeeded | failed
+    sa.Column("batches_total", sa.Integer),  # known once the input has been read through
+    sa.Column("batches_succeeded", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("batches_failed", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("records_total", sa.BigInteger),
+    sa.Column("records_embedded", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("records_failed", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("texts_per_second", sa.Float, nullable=False, server_default="0"),
+    sa.Column("error", sa.Text),
+    _ts("started_at", nullable=False, server_default=sa.func.now()),
+    _ts("heartbeat_at", nullable=False, server_default=sa.func.now()),
+    _ts("finished_at"),
+)
+
+# One row per batch: its final (or current) state. Marked `succeeded` in the same
+# transaction that writes its vectors.
+batches = sa.Table(
+    "embedjob_batches",
+    metadata,
+    sa.Column("job_key", sa.String(300), primary_key=True),
+    sa.Column("batch_id", sa.String(64), primary_key=True),
+    sa.Column("run_id", sa.String(36), sa.ForeignKey(runs.c.run_id, ondelete="CASCADE"), nullable=False, index=True),
+    sa.Column("state", sa.String(16), nullable=False),  # running | succeeded | failed
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("records", sa.Integer, nullable=False),
+    sa.Column("failed_records", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("error", sa.Text),
+    sa.Column("worker", sa.String(128)),
+    _ts("started_at"),
+    _ts("finished_at"),
+    sa.Column("duration_s", sa.Float),
+)
+
+# Every attempt at a batch, with why it ended: the audit trail of retries and splits.
+batch_attempts = sa.Table(
+    "embedjob_batch_attempts",
+    metadata,
+    sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+    sa.Column("job_key", sa.String(300), nullable=False),
+    sa.Column("batch_id", sa.String(64), nullable=False),
+    sa.Column("run_id", sa.String(36), sa.ForeignKey(runs.c.run_id, ondelete="CASCADE"), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("worker", sa.String(128)),
+    sa.Column("outcome", sa.String(16), nullable=False),  # succeeded | retry | split | failed
+    sa.Column("reason", sa.Text),
+    _ts("started_at"),
+    _ts("finished_at", nullable=False, server_default=sa.func.now()),
+    sa.Index("ix_embedjob_batch_attempts_batch", "job_key", "batch_id"),
+)
+
+# Records rejected as bad input (never retried), one row per record and run.
+record_errors = sa.Table(
+    "embedjob_record_errors",
+    metadata,
+    sa.Column("run_id", sa.String(36), sa.ForeignKey(runs.c.run_id, ondelete="CASCADE"), primary_key=True),
+    sa.Column("position", sa.BigInteger, primary_key=True),  # 0-based record number in the input
+    sa.Column("job_key", sa.String(300), nullable=False, index=True),
+    sa.Column("record_id", sa.Text),
+    sa.Column("batch_id", sa.String(64)),
+    sa.Column("reason", sa.String(32), nullable=False),
+    sa.Column("detail", sa.Text),
+    _ts("created_at", nullable=False, server_default=sa.func.now()),
+)
+
+
+def vectors_table(name: str, dim: int, meta: sa.MetaData | None = None) -> sa.Table:
+    """The user's vectors table: one row per (collection, record id, model, revision)."""
+    return sa.Table(
+        name,
+        meta if meta is not None else sa.MetaData(),
+        sa.Column("collection", sa.String(128), primary_key=True),
+        sa.Column("record_id", sa.Text, primary_key=True),
+        sa.Column("model", sa.String(256), primary_key=True),
+        sa.Column("revision", sa.String(128), primary_key=True),
+        sa.Column("content_hash", sa.String(64), nullable=False),
+        sa.Column("embedding", Vector(dim), nullable=False),
+        sa.Column("text", sa.Text, nullable=False),
+        sa.Column("job_key", sa.String(300), nullable=False),
+        sa.Column("batch_id", sa.String(64), nullable=False),
+        _ts("created_at", nullable=False, server_default=sa.func.now()),
+        _ts("updated_at", nullable=False, server_default=sa.func.now()),
+    )
+
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+# Serialises concurrent migrations (several drivers starting at once).
+_MIGRATION_LOCK_ID = 0x656D6264  # "embd"
+
+
+def migrate(url: str) -> None:
+    """Bring the bookkeeping tables to the newest schema (idempotent, concurrency-safe)."""
+    from alembic import command
+    from alembic.config import Config
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS vector"))
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
+            cfg = Config()
+            cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+    finally:
+        engine.dispose()

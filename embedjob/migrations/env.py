@@ -1,0 +1,10 @@
+"""Alembic environment: runs on the connection `embedjob.db.migrate` hands in."""
+
+from alembic import context
+
+from embedjob.db import metadata
+
+connection = context.config.attributes["connection"]
+context.configure(connection=connection, target_metadata=metadata, version_table="embedjob_alembic_version")
+with context.begin_transaction():
+    context.run_migrations()

