@@ -38,6 +38,7 @@ def upgrade() -> None:
         sa.Column("records_embedded", sa.BigInteger, nullable=False, server_default="0"),
         sa.Column("records_failed", sa.BigInteger, nullable=False, server_default="0"),
         sa.Column("texts_per_second", sa.Float, nullable=False, server_default="0"),
+        sa.Column("reason", sa.String(64)),
         sa.Column("error", sa.Text),
         _ts("started_at", nullable=False, server_default=sa.func.now()),
         _ts("heartbeat_at", nullable=False, server_default=sa.func.now()),
