@@ -1,0 +1,1 @@
+"""embedjob's Kubernetes test harness (see README.md); the pytest plugin is envtest.plugin."""
