@@ -1,0 +1,218 @@
+"""The container images (worker_image/Dockerfile, controller/Dockerfile).
+
+No Docker engine runs here, so the images are not built. What is checked instead:
+the Dockerfiles pin their base images by version, install the right extra and run
+as the non-root users the chart expects; the controller extra pulls in no Ray or
+torch; the driver module the operator puts into RayJobs is in the package the
+worker image installs, with the flags the operator passes.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parent.parent
+WORKER_DOCKERFILE = REPO / "worker_image" / "Dockerfile"
+CONTROLLER_DOCKERFILE = REPO / "controller" / "Dockerfile"
+DRIVER_MODULE = "embedjob_worker.driver"
+#: what the controller image must never contain (the design: its image stays small)
+HEAVY_DISTRIBUTIONS = {"ray", "torch", "sentence-transformers", "transformers", "pyarrow"}
+#: the uid of the `ray` user in the official Ray images
+RAY_IMAGE_UID = 1000
+
+
+def pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def pinned_ray_version() -> str:
+    """The version of `ray[default]==X` in the `worker` extra."""
+    for spec in pyproject()["project"]["optional-dependencies"]["worker"]:
+        req = Requirement(spec)
+        if req.name == "ray":
+            (pin,) = req.specifier
+            assert pin.operator == "==", f"ray must be pinned exactly in the worker extra, got {spec!r}"
+            return pin.version
+    raise AssertionError("the worker extra does not require ray")
+
+
+@dataclass
+class Instruction:
+    keyword: str  #: upper case: FROM, ARG, RUN, ...
+    arguments: str
+
+
+def parse_dockerfile(path: Path) -> list[Instruction]:
+    """Instructions with continuation lines joined and comments dropped."""
+    instructions: list[Instruction] = []
+    pending = ""
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):  # a comment inside a continued instruction
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        keyword, _, arguments = (pending + stripped).partition(" ")
+        instructions.append(Instruction(keyword.upper(), arguments.strip()))
+        pending = ""
+    assert not pending, f"{path}: dangling line continuation"
+    return instructions
+
+
+def build_arg_defaults(instructions: list[Instruction]) -> dict[str, str]:
+    defaults = {}
+    for ins in instructions:
+        if ins.keyword == "ARG":
+            name, _, default = ins.arguments.partition("=")
+            defaults[name] = default.strip('"')
+    return defaults
+
+
+def base_image(instructions: list[Instruction]) -> str:
+    """The (last) FROM image with the build args' defaults substituted."""
+    defaults = build_arg_defaults(instructions)
+    (image,) = [ins.arguments.split()[0] for ins in instructions if ins.keyword == "FROM"]
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: defaults[m.group(1) or m.group(2)], image)
+
+
+def final_user(instructions: list[Instruction]) -> str:
+    users = [ins.arguments for ins in instructions if ins.keyword == "USER"]
+    assert users, "the image sets no USER (it would run as root)"
+    return users[-1]
+
+
+def pip_installs(instructions: list[Instruction]) -> list[str]:
+    """The RUN instructions that pip install something."""
+    return [ins.arguments for ins in instructions if ins.keyword == "RUN" and "pip install" in ins.arguments]
+
+
+def extras_installed(run: str) -> set[str]:
+    """The extras of the project requirement ("...src[worker]") in a pip install command."""
+    return {extra for group in re.findall(r"src\[([\w,-]+)\]", run) for extra in group.split(",")}
+
+
+# ---------------------------------------------------------------- worker image
+
+
+def test_worker_image_is_the_ray_image_of_the_pinned_ray_version():
+    instructions = parse_dockerfile(WORKER_DOCKERFILE)
+    image = base_image(instructions)
+    ray_version = pinned_ray_version()
+    assert re.fullmatch(rf"rayproject/ray:{re.escape(ray_version)}-py3\d+(-gpu|-cu\d+)?", image), image
+    # the Python of the image matches the project's requirement (>=3.11)
+    python = re.search(r"-py3(\d+)", image).group(1)
+    assert int(python) >= int(pyproject()["project"]["requires-python"].removeprefix(">=3."))
+
+
+def test_worker_image_installs_the_worker_extra_and_runs_as_the_ray_user():
+    instructions = parse_dockerfile(WORKER_DOCKERFILE)
+    (install,) = pip_installs(instructions)
+    assert extras_installed(install) == {"worker"}
+    assert final_user(instructions).split(":")[0] in {"ray", str(RAY_IMAGE_UID)}
+
+
+def test_worker_image_goes_offline_only_with_a_baked_model():
+    instructions = parse_dockerfile(WORKER_DOCKERFILE)
+    assert "MODEL_PACKAGE" in build_arg_defaults(instructions)
+    (install,) = pip_installs(instructions)
+    assert '${MODEL_PACKAGE:+"$MODEL_PACKAGE"}' in install
+    env = " ".join(ins.arguments for ins in instructions if ins.keyword == "ENV")
+    assert "HF_HUB_OFFLINE=${MODEL_PACKAGE:+1}" in env
+
+
+def driver_help() -> str:
+    res = subprocess.run([sys.executable, "-m", DRIVER_MODULE, "--help"], capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert res.returncode == 0, f"python -m {DRIVER_MODULE} --help failed:\n{res.stderr[-3000:]}"
+    return res.stdout
+
+
+def test_driver_module_is_in_the_package_the_worker_image_installs():
+    spec = importlib.util.find_spec(DRIVER_MODULE)
+    assert spec is not None, f"{DRIVER_MODULE} is missing"
+    # the worker image installs the distribution built from pyproject.toml: the driver's
+    # package must be one of its packages, mapped to the source the image copies
+    setuptools = pyproject()["tool"]["setuptools"]
+    assert "embedjob_worker" in setuptools["packages"]
+    package_dir = setuptools["package-dir"]["embedjob_worker"]
+    assert (REPO / package_dir / "driver.py").is_file()
+    copied = " ".join(ins.arguments for ins in parse_dockerfile(WORKER_DOCKERFILE) if ins.keyword == "COPY")
+    assert package_dir in copied
+
+
+def test_driver_accepts_the_flags_the_operator_passes():
+    help_text = driver_help()
+    for flag in ("--config-b64", "--ray-address", "--metrics-port", "--config"):
+        assert re.search(rf"(^|\s){re.escape(flag)}\b", help_text), f"{flag} not in the driver's --help:\n{help_text}"
+
+
+# ------------------------------------------------------------ controller image
+
+
+def test_controller_image_is_a_pinned_slim_python_running_the_controller_module():
+    instructions = parse_dockerfile(CONTROLLER_DOCKERFILE)
+    image = base_image(instructions)
+    assert re.fullmatch(r"python:3\.11\.\d+-slim(-\w+)?", image), f"not a version-pinned slim Python: {image}"
+    (install,) = pip_installs(instructions)
+    assert extras_installed(install) == {"controller"}
+    (entrypoint,) = [ins.arguments for ins in instructions if ins.keyword == "ENTRYPOINT"]
+    assert entrypoint == '["python", "-m", "controller"]'
+    assert importlib.util.find_spec("controller.__main__") is not None, "python -m controller needs controller/__main__.py"
+
+
+def test_controller_image_runs_as_the_non_root_uid_the_chart_sets():
+    from test_chart import render_chart  # the chart's securityContext
+
+    uid, _, gid = final_user(parse_dockerfile(CONTROLLER_DOCKERFILE)).partition(":")
+    assert uid.isdigit() and int(uid) != 0, "USER must be numeric (runAsNonRoot can only check numeric uids)"
+    (deployment,) = [o for o in render_chart() if o["kind"] == "Deployment"]
+    pod_security = deployment["spec"]["template"]["spec"]["securityContext"]
+    assert (pod_security["runAsUser"], pod_security["runAsGroup"]) == (int(uid), int(gid or uid))
+
+
+def requirement_closure(requirements: list[str], extras: set[str] = frozenset()) -> set[str]:
+    """Names of all distributions that ``requirements`` pull in (installed metadata, markers evaluated)."""
+    seen: set[str] = set()
+    todo = [(Requirement(r), set(extras)) for r in requirements]
+    while todo:
+        req, parent_extras = todo.pop()
+        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in (parent_extras or {""})):
+            continue
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        key = f"{name}[{','.join(sorted(req.extras))}]"
+        if key in seen:
+            continue
+        seen.add(key)
+        if name == "embedjob":  # a self-reference such as embedjob[worker]
+            project = pyproject()["project"]
+            nested = project["dependencies"] + [
+                r for extra in req.extras for r in project["optional-dependencies"][extra]]
+        else:
+            try:
+                nested = importlib.metadata.requires(name) or []
+            except importlib.metadata.PackageNotFoundError:
+                nested = []  # not installed here: counted by name only
+        todo += [(Requirement(r), set(req.extras)) for r in nested]
+    return {key.split("[")[0] for key in seen}
+
+
+def test_controller_extra_pulls_in_no_ray_or_torch():
+    project = pyproject()["project"]
+    closure = requirement_closure(project["dependencies"] + project["optional-dependencies"]["controller"])
+    assert {"kopf", "kubernetes", "prometheus-client", "pydantic", "sqlalchemy"} <= closure
+    assert not closure & HEAVY_DISTRIBUTIONS, sorted(closure & HEAVY_DISTRIBUTIONS)
+    # the check itself sees heavy dependencies where they are
+    assert {"ray", "torch"} <= requirement_closure(project["optional-dependencies"]["worker"])
