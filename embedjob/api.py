@@ -127,8 +127,11 @@ class Batching(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
+                # has(): the API server checks the object's `default: {}` against the
+                # rule before nested defaults are filled in.
                 _cel(
-                    "self.sortWindow == 0 || self.sortWindow >= self.batchSize",
+                    "!has(self.sortWindow) || !has(self.batchSize) || self.sortWindow == 0 "
+                    "|| self.sortWindow >= self.batchSize",
                     "sortWindow must be 0 (no length bucketing) or at least batchSize",
                     ".sortWindow",
                 )
@@ -148,7 +151,25 @@ class Batching(ApiModel):
     )
 
 
+# Ray accepts fractional resource quantities only below 1 ("Resource quantities >1
+# must be whole numbers").
+def _ray_quantity_rule(field: str) -> dict[str, str]:
+    return _cel(
+        f"!has(self.{field}) || self.{field} <= 1.0 || self.{field} == double(int(self.{field}))",
+        f"{field} above 1 must be a whole number (Ray allows fractions only below 1)",
+        f".{field}",
+    )
+
+
 class Workers(ApiModel):
+    """The Ray worker pool. See docs/operator.md for how this maps to worker pods."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [_ray_quantity_rule("cpusPerActor"), _ray_quantity_rule("gpusPerActor")]
+        }
+    )
+
     replicas: int = Field(1, ge=1, le=1024, description="EmbeddingWorker actors (and Ray worker pods).")
     cpus_per_actor: float = Field(
         1, gt=0, le=256, description="num_cpus of each actor; also its torch thread count."
@@ -160,7 +181,11 @@ class Workers(ApiModel):
         description="Memory request/limit of each worker pod, e.g. 4Gi.",
     )
     image: str | None = Field(
-        None, min_length=1, max_length=512, description="Worker image; the operator's default when unset."
+        None,
+        min_length=1,
+        max_length=512,
+        pattern=r"^[^\s]+$",
+        description="Worker image; the operator's default when unset.",
     )
 
 
@@ -180,24 +205,66 @@ class Sink(ApiModel):
 class Retry(ApiModel):
     attempts_per_batch: int = Field(3, ge=1, le=100, description="Attempts per batch for retryable failures.")
     failed_batches_tolerated: int = Field(
-        0, ge=0, description="Batches that may fail for good before the job fails."
+        0, ge=0, le=10_000_000, description="Batches that may fail for good before the job fails."
     )
     backoff_limit: int = Field(0, ge=0, le=100, description="RayJob backoffLimit (whole-job retries).")
 
 
+# KubeRay selects the cluster of a RayJob by this label (utils.RayJobClusterSelectorKey).
+RAY_CLUSTER_SELECTOR_KEY = "ray.io/cluster"
+LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+
+
 class EmbeddingJobSpec(ApiModel):
+    # What KubeRay's RayJob validation (ValidateRayJobSpec) would otherwise refuse
+    # only after the RayJob exists, rejected at apply time instead.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    f"!has(self.clusterSelector) || '{RAY_CLUSTER_SELECTOR_KEY}' in self.clusterSelector",
+                    f"clusterSelector must name the RayCluster with the label {RAY_CLUSTER_SELECTOR_KEY}",
+                    ".clusterSelector",
+                ),
+                _cel(
+                    "!has(self.clusterSelector) || !self.suspend",
+                    "a job on an existing cluster (clusterSelector) cannot be suspended",
+                    ".suspend",
+                ),
+                _cel(
+                    "!has(self.clusterSelector) || self.retry.backoffLimit == 0",
+                    "retry.backoffLimit must be 0 with clusterSelector (KubeRay cannot retry on an existing cluster)",
+                    ".retry.backoffLimit",
+                ),
+                _cel(
+                    "!has(self.clusterSelector) || !has(self.ttlSecondsAfterFinished)",
+                    "ttlSecondsAfterFinished applies to the job's own cluster; unset it with clusterSelector",
+                    ".ttlSecondsAfterFinished",
+                ),
+                _cel(
+                    f"!has(self.clusterSelector) || self.clusterSelector.all(k, k.matches('{LABEL_KEY}'))",
+                    "clusterSelector keys must be valid label keys",
+                    ".clusterSelector",
+                ),
+            ]
+        }
+    )
+
     source: Source
     model: Model
     batching: Batching = Field(default_factory=Batching)
     workers: Workers = Field(default_factory=Workers)
     sink: Sink
     retry: Retry = Field(default_factory=Retry)
-    active_deadline_seconds: int | None = Field(None, ge=1, description="Deadline of the whole job.")
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, le=31_536_000, description="Deadline of the whole job (RayJob activeDeadlineSeconds)."
+    )
     ttl_seconds_after_finished: int | None = Field(
-        None, ge=0, description="Seconds a finished RayJob (and its cluster) is kept."
+        None, ge=0, le=31_536_000, description="Seconds a finished job's RayCluster is kept (RayJob ttlSecondsAfterFinished)."
     )
     suspend: bool = Field(False, description="Suspend (or do not start) the job.")
-    cluster_selector: dict[str, Annotated[str, Field(max_length=63)]] | None = Field(
+    cluster_selector: dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]] | None = Field(
         None,
         json_schema_extra={"maxProperties": 16},
         description="Labels of an existing RayCluster to run on instead of creating one.",
@@ -285,6 +352,9 @@ class Progress(ApiModel):
 class EmbeddingJobStatus(ApiModel):
     observed_generation: int | None = Field(None, ge=0)
     state: JobState | None = None
+    reason: str | None = Field(
+        None, max_length=1024, description="Reason of the condition behind `state`, e.g. SecretNotFound."
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=16,

@@ -95,9 +95,16 @@ PRINTER_COLUMNS = [
     {"name": "Texts/s", "type": "number", "jsonPath": ".status.progress.textsPerSecond", "priority": 1},
     {"name": "RayJob", "type": "string", "jsonPath": ".status.rayJobName", "priority": 1},
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "priority": 1},
-    {"name": "Reason", "type": "string",
-     "jsonPath": ".status.conditions[?(@.status==\"True\")].reason", "priority": 1},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
+    {"name": "Ray", "type": "string", "jsonPath": ".status.jobDeploymentStatus", "priority": 1},
 ]
+
+# The job's name becomes a label value (embedjob.dev/job-name) on its RayJob.
+NAME_RULE = {
+    "rule": "size(self.metadata.name) <= 63",
+    "message": "metadata.name must be at most 63 characters (it is used as a label value)",
+    "reason": "FieldValueInvalid",
+}
 
 
 def crd() -> dict[str, Any]:
@@ -112,6 +119,7 @@ def crd() -> dict[str, Any]:
             "status": openapi_schema(api.EmbeddingJobStatus),
         },
         "x-kubernetes-validations": [
+            NAME_RULE,
             {
                 "rule": f"!({ACCEPTED_BEFORE}) || ({_spec_unchanged_rule()})",
                 "message": "spec is immutable once the job is accepted, except spec.suspend",

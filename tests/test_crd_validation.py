@@ -1,0 +1,117 @@
+"""The EmbeddingJob CRD on the real API server: what `kubectl apply` rejects, with
+messages that name the field, and the immutability of an accepted spec."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from operator_fixtures import condition, ej_manifest, get_json, set_condition_on_status
+
+pytestmark = pytest.mark.k8s
+
+SELECTOR = {"ray.io/cluster": "shared"}
+
+# (case id, spec fields merged into a valid minimal spec, text the error must contain)
+MALFORMED = [
+    ("batch-size-zero", {"batching": {"batchSize": 0}}, "spec.batching.batchSize"),
+    ("batch-size-huge", {"batching": {"batchSize": 5000}}, "spec.batching.batchSize"),
+    ("sort-window-below-batch", {"batching": {"batchSize": 64, "sortWindow": 10}}, "spec.batching.sortWindow"),
+    ("max-in-flight-zero", {"batching": {"maxInFlight": 0}}, "spec.batching.maxInFlight"),
+    ("format-unknown", {"source": {"format": "xml"}}, "spec.source.format"),
+    ("source-missing", {"source": None}, "spec.source"),
+    ("uri-empty", {"source": {"uri": ""}}, "spec.source.uri"),
+    ("model-unpinned", {"model": {"name": "m", "package": None}}, "spec.model.revision"),
+    ("model-path-and-package", {"model": {"path": "/models/m"}}, "spec.model.path"),
+    ("model-revision-pattern", {"model": {"revision": "a b"}}, "spec.model.revision"),
+    ("max-seq-length-small", {"model": {"maxSeqLength": 4}}, "spec.model.maxSeqLength"),
+    ("replicas-zero", {"workers": {"replicas": 0}}, "spec.workers.replicas"),
+    ("cpus-zero", {"workers": {"cpusPerActor": 0}}, "spec.workers.cpusPerActor"),
+    ("cpus-fraction-above-one", {"workers": {"cpusPerActor": 1.5}}, "spec.workers.cpusPerActor"),
+    ("gpus-negative", {"workers": {"gpusPerActor": -1}}, "spec.workers.gpusPerActor"),
+    ("gpus-fraction-above-one", {"workers": {"gpusPerActor": 2.5}}, "spec.workers.gpusPerActor"),
+    ("memory-not-a-quantity", {"workers": {"memory": "4 gigs"}}, "spec.workers.memory"),
+    ("image-with-space", {"workers": {"image": "my image"}}, "spec.workers.image"),
+    ("sink-missing", {"sink": None}, "spec.sink"),
+    ("secret-name-invalid", {"sink": {"databaseSecretRef": {"name": "Bad_Name"}}}, "spec.sink.databaseSecretRef.name"),
+    ("secret-key-invalid", {"sink": {"databaseSecretRef": {"key": "a/b"}}}, "spec.sink.databaseSecretRef.key"),
+    ("table-not-identifier", {"sink": {"table": "drop table;"}}, "spec.sink.table"),
+    ("attempts-zero", {"retry": {"attemptsPerBatch": 0}}, "spec.retry.attemptsPerBatch"),
+    ("backoff-limit-huge", {"retry": {"backoffLimit": 101}}, "spec.retry.backoffLimit"),
+    ("deadline-zero", {"activeDeadlineSeconds": 0}, "spec.activeDeadlineSeconds"),
+    ("suspend-not-bool", {"suspend": "yes"}, "spec.suspend"),
+    ("selector-without-cluster", {"clusterSelector": {"team": "a"}}, "spec.clusterSelector"),
+    ("selector-bad-value", {"clusterSelector": {"ray.io/cluster": "no spaces"}}, "spec.clusterSelector"),
+    ("selector-and-suspend", {"clusterSelector": SELECTOR, "suspend": True}, "spec.suspend"),
+    ("selector-and-backoff", {"clusterSelector": SELECTOR, "retry": {"backoffLimit": 1}}, "spec.retry.backoffLimit"),
+    ("selector-and-ttl", {"clusterSelector": SELECTOR, "ttlSecondsAfterFinished": 60}, "spec.ttlSecondsAfterFinished"),
+    ("unknown-field", {"sourcee": {"uri": "x"}}, "sourcee"),
+]
+
+
+@pytest.mark.parametrize("spec, field", [pytest.param(s, f, id=i) for i, s, f in MALFORMED])
+def test_malformed_manifest_is_rejected_naming_the_field(kube, namespace, spec, field):
+    res = kube.kubectl("apply", "-n", namespace, "-f", "-", input=ej_manifest("bad", **spec), check=False)
+    assert res.returncode != 0, f"accepted: {spec}"
+    assert field in res.stderr, res.stderr
+    assert kube.kubectl("get", "ej", "bad", "-n", namespace, check=False).returncode != 0
+
+
+def test_long_name_is_rejected(kube, namespace):
+    res = kube.kubectl("apply", "-n", namespace, "-f", "-", input=ej_manifest("x" * 64), check=False)
+    assert res.returncode != 0 and "metadata.name" in res.stderr, res.stderr
+
+
+def test_defaults_are_filled_by_the_api_server(kube, namespace):
+    kube.kubectl("apply", "-n", namespace, "-f", "-", input=ej_manifest("defaults"))
+    spec = get_json(kube, "ej", "defaults", "-n", namespace)["spec"]
+    assert spec["batching"] == {"batchSize": 64, "maxInFlight": 4, "sortWindow": 4096}
+    assert spec["workers"] == {"replicas": 1, "cpusPerActor": 1, "gpusPerActor": 0}
+    assert spec["sink"]["databaseSecretRef"]["key"] == "url" and spec["suspend"] is False
+    assert spec["retry"] == {"attemptsPerBatch": 3, "failedBatchesTolerated": 0, "backoffLimit": 0}
+
+
+def test_valid_variants_are_accepted(kube, namespace):
+    variants = {
+        "fractional-gpu": {"workers": {"gpusPerActor": 0.25, "cpusPerActor": 0.5, "replicas": 4}},
+        "whole-gpus": {"workers": {"gpusPerActor": 2, "cpusPerActor": 4, "memory": "8Gi"}},
+        "on-cluster": {"clusterSelector": {"ray.io/cluster": "shared-ray"}},
+        "revision": {"model": {"package": None, "revision": "0123456789abcdef0123456789abcdef01234567"}},
+    }
+    for name, spec in variants.items():
+        kube.kubectl("apply", "-n", namespace, "-f", "-", input=ej_manifest(name, **spec))
+    names = kube.kubectl("get", "ej", "-n", namespace, "-o", "name").stdout.split()
+    assert sorted(names) == sorted(f"embeddingjob.embedjob.dev/{n}" for n in variants)
+
+
+def test_spec_is_immutable_once_accepted_except_suspend(kube, namespace):
+    kube.kubectl("apply", "-n", namespace, "-f", "-", input=ej_manifest("frozen"))
+    # Before acceptance the spec can still be fixed.
+    kube.kubectl("patch", "ej", "frozen", "-n", namespace, "--type=merge",
+                 "-p", json.dumps({"spec": {"batching": {"batchSize": 32}}}))
+    set_condition_on_status(kube, namespace, "frozen", "Accepted", "True", "RayJobCreated")
+    assert condition(get_json(kube, "ej", "frozen", "-n", namespace), "Accepted")["status"] == "True"
+
+    for change in ({"batching": {"batchSize": 16}}, {"source": {"uri": "other.jsonl"}},
+                   {"workers": {"image": "other:1"}}, {"activeDeadlineSeconds": 60}):
+        res = kube.kubectl("patch", "ej", "frozen", "-n", namespace, "--type=merge",
+                           "-p", json.dumps({"spec": change}), check=False)
+        assert res.returncode != 0, change
+        assert "spec is immutable once the job is accepted" in res.stderr, res.stderr
+
+    kube.kubectl("patch", "ej", "frozen", "-n", namespace, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    spec = get_json(kube, "ej", "frozen", "-n", namespace)["spec"]
+    assert spec["suspend"] is True and spec["batching"]["batchSize"] == 32
+
+
+def test_printer_columns(kube, namespace):
+    kube.kubectl("apply", "-n", namespace, "-f", "-", input=ej_manifest("printed"))
+    patch = {"status": {"state": "Running", "reason": "JobRunning", "progress": {"summary": "120/400 batches"}}}
+    kube.kubectl("patch", "ej", "printed", "-n", namespace, "--subresource=status", "--type=merge",
+                 "-p", json.dumps(patch))
+    header, row = kube.kubectl("get", "ej", "printed", "-n", namespace).stdout.splitlines()
+    assert header.split() == ["NAME", "STATUS", "PROGRESS", "AGE"]
+    assert row.split()[:4] == ["printed", "Running", "120/400", "batches"]
+    wide = kube.kubectl("get", "ej", "printed", "-n", namespace, "-o", "wide").stdout
+    assert "TEXTS/S" in wide and "REASON" in wide and "JobRunning" in wide
