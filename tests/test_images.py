@@ -12,13 +12,14 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import re
+import shlex
 import subprocess
 import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+import yaml
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent
@@ -153,9 +154,23 @@ def test_driver_module_is_in_the_package_the_worker_image_installs():
     assert package_dir in copied
 
 
-def test_driver_accepts_the_flags_the_operator_passes():
+def quickstart_rayjob(operator_env: dict[str, str]) -> dict:
+    """The RayJob the operator, configured by ``operator_env``, makes of examples/quickstart.yaml."""
+    from controller.rayjob import build_rayjob
+    from controller.settings import Settings
+
+    job = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    job["metadata"].update(namespace="default", uid="0b6a3c52-1f7e-4d1a-9a57-5f1f0e6c2d11")
+    return build_rayjob(job, Settings.from_env(operator_env))
+
+
+def test_driver_accepts_the_entrypoint_the_operator_puts_into_rayjobs():
+    python, dash_m, module, *arguments = shlex.split(quickstart_rayjob({})["spec"]["entrypoint"])
+    assert (python, dash_m, module) == ("python", "-m", DRIVER_MODULE)
+    flags = [arg for arg in arguments if arg.startswith("--")]
+    assert flags, arguments
     help_text = driver_help()
-    for flag in ("--config-b64", "--ray-address", "--metrics-port", "--config"):
+    for flag in flags + ["--ray-address", "--metrics-port", "--config"]:
         assert re.search(rf"(^|\s){re.escape(flag)}\b", help_text), f"{flag} not in the driver's --help:\n{help_text}"
 
 
