@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -256,6 +257,41 @@ def assert_refused(res: subprocess.CompletedProcess, message: str) -> None:
     assert message in res.stderr, res.stderr
 
 
+# ---------------------------------------------------------------------- RBAC
+
+RBAC_RULES_FILE = CHART / "files" / "rbac-rules.json"
+
+
+def test_rbac_rules_file_is_the_operators_permissions():
+    from controller import permissions
+
+    assert json.loads(RBAC_RULES_FILE.read_text()) == permissions.as_document(), (
+        "charts/embedjob-operator/files/rbac-rules.json is stale: "
+        "python -m controller.permissions > charts/embedjob-operator/files/rbac-rules.json")
+
+
+@pytest.mark.parametrize("watch_namespaces", [[], ["team-a", "team-b"]], ids=["cluster-wide", "namespaced"])
+def test_rendered_rbac_rules_are_the_operators_permissions(watch_namespaces):
+    from controller import permissions
+
+    objects = render_chart({"watchNamespaces": watch_namespaces})
+    clusterwide = not watch_namespaces
+    assert the(objects, "ClusterRole")["rules"] == permissions.policy_rules(permissions.cluster_rules(clusterwide))
+    roles = by_kind(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(watch_namespaces)
+    for role in roles:
+        assert role["rules"] == permissions.policy_rules(permissions.NAMESPACED_RULES)
+    for rule in [rule for o in objects if o["kind"] in ("ClusterRole", "Role") for rule in o["rules"]]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no nonResourceURLs, no resourceNames tricks
+        assert not any("*" in item for key in rule for item in rule[key]), rule
+
+
+def test_rbac_can_be_left_to_an_administrator():
+    kinds = {o["kind"] for o in render_chart({"rbac": {"create": False}, "watchNamespaces": ["team-a"]})}
+    assert kinds.isdisjoint({"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"})
+    assert "ServiceAccount" in kinds
+
+
 # ----------------------------------------------------- installed into envtest
 
 
@@ -295,3 +331,102 @@ def test_helm_install_refuses_invalid_values(kube, namespace):
     assert_refused(res, "at '/replicaCount': value must be 1")
     releases = helm("list", "--namespace", namespace, "-q", kubeconfig=kube.kubeconfig).stdout.split()
     assert releases == []
+
+
+@dataclass(frozen=True)
+class Access:
+    """One ``kubectl auth can-i`` question."""
+
+    verb: str
+    group: str
+    resource: str  #: may carry a subresource: embeddingjobs/status
+
+    def can_i(self, kube, kubeconfig: str, namespace: str | None) -> bool:
+        """Asked as the identity of ``kubeconfig``; in ``namespace``, or cluster-wide when None."""
+        resource, _, subresource = self.resource.partition("/")
+        args = ["auth", "can-i", self.verb, f"{resource}.{self.group}" if self.group else resource]
+        if subresource:
+            args.append(f"--subresource={subresource}")
+        args += ["--namespace", namespace] if namespace else ["--all-namespaces"]
+        res = kube.kubectl(*args, check=False, kubeconfig=kubeconfig)
+        assert res.stdout.strip() in ("yes", "no"), f"kubectl {' '.join(args)}: {res.stdout}{res.stderr}"
+        return res.stdout.strip() == "yes"
+
+
+def accesses(rules) -> set[Access]:
+    return {Access(verb, group, resource)
+            for rule in rules for group in rule.api_groups for resource in rule.resources for verb in rule.verbs}
+
+
+#: what the operator must never be able to do (those it needs are taken out below)
+FORBIDDEN_SAMPLE = {
+    Access("list", "", "secrets"), Access("watch", "", "secrets"), Access("update", "", "secrets"),
+    Access("create", "", "secrets"), Access("delete", "", "secrets"),
+    Access("create", "", "pods"), Access("create", "", "pods/exec"), Access("create", "", "configmaps"),
+    Access("create", "", "serviceaccounts/token"),
+    Access("create", "rbac.authorization.k8s.io", "rolebindings"),
+    Access("create", "embedjob.dev", "embeddingjobs"), Access("delete", "embedjob.dev", "embeddingjobs"),
+    Access("deletecollection", "embedjob.dev", "embeddingjobs"),
+    Access("deletecollection", "ray.io", "rayjobs"), Access("create", "ray.io", "rayclusters"),
+}
+FORBIDDEN_CLUSTER_SAMPLE = {
+    Access("create", "rbac.authorization.k8s.io", "clusterroles"),
+    Access("create", "rbac.authorization.k8s.io", "clusterrolebindings"),
+    Access("delete", "", "nodes"), Access("create", "", "namespaces"), Access("delete", "", "namespaces"),
+    Access("create", "apiextensions.k8s.io", "customresourcedefinitions"),
+    Access("update", "apiextensions.k8s.io", "customresourcedefinitions"),
+    Access("list", "", "secrets"),
+}
+
+
+def assert_access(kube, kubeconfig: str, expected: dict[tuple[Access, str | None], bool]) -> None:
+    """Every (access, namespace) is allowed exactly when expected (all answers, then one assert)."""
+    wrong = {f"{a.verb} {a.resource}.{a.group} in {ns or 'all namespaces'}: expected {'yes' if want else 'no'}"
+             for (a, ns), want in expected.items() if a.can_i(kube, kubeconfig, ns) != want}
+    assert not wrong, sorted(wrong)
+
+
+@pytest.fixture
+def jobs_namespaces(kube, namespace):
+    """Two more namespaces next to ``namespace`` (the release's): a watched one and another."""
+    names = [f"{namespace}-jobs", f"{namespace}-other"]
+    for name in names:
+        kube.kubectl("create", "namespace", name)
+    yield names
+    for name in names:
+        kube.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+def chart_serviceaccount_kubeconfig(kube, namespace: str, objects: list[dict]) -> str:
+    return kube.kubeconfig_for_serviceaccount(namespace, the(objects, "ServiceAccount")["metadata"]["name"])
+
+
+def test_cluster_wide_serviceaccount_can_do_what_the_operator_needs_and_no_more(kube, namespace, jobs_namespaces):
+    from controller import permissions
+
+    jobs_namespace, _ = jobs_namespaces
+    kubeconfig = chart_serviceaccount_kubeconfig(kube, namespace, install(kube, namespace))
+    namespaced, cluster = accesses(permissions.NAMESPACED_RULES), accesses(permissions.CLUSTER_RULES)
+    expected = {(a, jobs_namespace): True for a in namespaced}
+    expected |= {(a, None): True for a in namespaced | cluster}
+    expected |= {(a, jobs_namespace): False for a in FORBIDDEN_SAMPLE - namespaced}
+    expected |= {(a, None): False for a in FORBIDDEN_CLUSTER_SAMPLE - namespaced - cluster}
+    assert_access(kube, kubeconfig, expected)
+
+
+def test_namespaced_serviceaccount_can_do_what_the_operator_needs_in_watched_namespaces_only(
+        kube, namespace, jobs_namespaces):
+    from controller import permissions
+
+    watched, other = jobs_namespaces
+    objects = install(kube, namespace, {"watchNamespaces": [watched]})
+    kubeconfig = chart_serviceaccount_kubeconfig(kube, namespace, objects)
+    namespaced = accesses(permissions.NAMESPACED_RULES)
+    cluster = accesses(permissions.cluster_rules(clusterwide=False))
+    expected = {(a, watched): True for a in namespaced}
+    expected |= {(a, None): True for a in cluster}
+    expected |= {(a, other): False for a in namespaced}
+    expected |= {(a, None): False for a in namespaced}
+    expected |= {(a, watched): False for a in FORBIDDEN_SAMPLE - namespaced}
+    expected |= {(a, None): False for a in FORBIDDEN_CLUSTER_SAMPLE - cluster}
+    assert_access(kube, kubeconfig, expected)

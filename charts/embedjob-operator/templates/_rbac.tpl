@@ -1,40 +1,14 @@
 {{/*
-The RBAC rules of the operator: exactly what the controller calls, as listed in
-controller/permissions.py (tests/test_chart.py checks the rendered rules against
-it). Nothing with "*".
+The RBAC rules of the operator: exactly what the controller and kopf call, nothing
+with "*". files/rbac-rules.json is the output of `python -m controller.permissions`
+(controller/permissions.py); tests/test_chart.py fails when it is stale and checks the
+rendered (Cluster)Roles against it.
 */}}
 
-{{/* Rules on namespaced resources: granted in each watched namespace, or cluster-wide. */}}
-{{- define "embedjob-operator.namespacedRules" -}}
-- apiGroups: ["embedjob.dev"]
-  resources: ["embeddingjobs"]
-  verbs: ["get", "list", "watch", "patch", "update"]
-- apiGroups: ["embedjob.dev"]
-  resources: ["embeddingjobs/status"]
-  verbs: ["get", "patch", "update"]
-- apiGroups: ["ray.io"]
-  resources: ["rayjobs"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get"]
-- apiGroups: [""]
-  resources: ["events"]
-  verbs: ["create", "patch", "update"]
-{{- end -}}
-
-{{/* Cluster-scoped reads kopf needs in every mode. */}}
-{{- define "embedjob-operator.clusterRules" -}}
-- apiGroups: ["apiextensions.k8s.io"]
-  resources: ["customresourcedefinitions"]
-  verbs: ["list", "watch"]
-{{- end -}}
-
-{{/* Cluster-scoped reads kopf needs only when it watches all namespaces. */}}
-{{- define "embedjob-operator.clusterWideRules" -}}
-- apiGroups: [""]
-  resources: ["namespaces"]
-  verbs: ["list", "watch"]
+{{/* clusterwide: {clusterRole}; namespaced: {clusterRole, role} */}}
+{{- define "embedjob-operator.rbacRules" -}}
+{{- $document := .Files.Get "files/rbac-rules.json" | fromJson -}}
+{{- index $document (ternary "clusterwide" "namespaced" (empty .Values.watchNamespaces)) | toJson -}}
 {{- end -}}
 
 {{- define "embedjob-operator.subjects" -}}
