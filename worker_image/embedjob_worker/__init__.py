@@ -1,0 +1,1 @@
+"""The embedding driver (runs as the RayJob entrypoint) and the `embedjob` CLI."""

@@ -1,0 +1,100 @@
+"""The EmbeddingWorker Ray actor: loads the model once, embeds batches of texts."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+from .model import ResolvedModel, load_model, weights_revision
+
+
+class EmbeddingWorker:
+    """Keeps one model resident; `embed` returns vectors tagged with the model and batch id.
+
+    `fault_injection` is a test hook (the driver passes it from EMBEDJOB_FAULT_INJECTION):
+    {"oom_above": N} raises torch.OutOfMemoryError for batches of more than N texts;
+    {"revision": "x"} reports revision x instead of the loaded one.
+    """
+
+    def __init__(self, resolved: ResolvedModel, num_cpus: float, num_gpus: float,
+                 fault_injection: dict[str, Any] | None = None):
+        import ray
+        import torch
+
+        # Ray leaves torch at one thread unless told; the actor's CPUs are its threads.
+        torch.set_num_threads(max(1, int(round(num_cpus))))
+        started = time.monotonic()
+        self.model = load_model(resolved, device="cuda" if num_gpus > 0 else "cpu")
+        self.load_seconds = time.monotonic() - started
+        self.name = resolved.name
+        # Recomputed from the files this actor actually loaded, not copied from the driver.
+        self.revision = weights_revision(resolved.location) if resolved.hub_revision is None else resolved.hub_revision
+        self.normalize = resolved.normalize
+        self.max_tokens = self.model.max_seq_length
+        self.faults = fault_injection or {}
+        actor_id = ray.get_runtime_context().get_actor_id() or ""
+        self.worker_id = f"{socket.gethostname()}/{os.getpid()}/{actor_id[:8]}"[:128]
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "model": self.name,
+            "revision": self.faults.get("revision", self.revision),
+            "dimension": self.model.get_embedding_dimension()
+            if hasattr(self.model, "get_embedding_dimension")
+            else self.model.get_sentence_embedding_dimension(),
+            "max_tokens": self.max_tokens,
+            "load_seconds": self.load_seconds,
+            "worker": self.worker_id,
+        }
+
+    def embed(self, batch_id: str, texts: list[str]) -> dict[str, Any]:
+        started = time.monotonic()
+        vectors, splits = self._encode(texts)
+        return {
+            "batch_id": batch_id,
+            "vectors": vectors,
+            "truncated": self._truncated(texts),
+            "model": self.name,
+            "revision": self.faults.get("revision", self.revision),
+            "worker": self.worker_id,
+            "seconds": time.monotonic() - started,
+            "oom_splits": splits,
+        }
+
+    def _encode(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        """Encode as one forward pass; on out-of-memory, encode the halves (recursively)."""
+        import torch
+
+        try:
+            if len(texts) > self.faults.get("oom_above", len(texts)):
+                raise torch.OutOfMemoryError(f"injected: batch of {len(texts)} > {self.faults['oom_above']}")
+            vectors = self.model.encode(
+                texts, batch_size=len(texts), normalize_embeddings=self.normalize,
+                convert_to_numpy=True, show_progress_bar=False,
+            )
+            return vectors.astype(np.float32, copy=False), 0
+        except (torch.OutOfMemoryError, MemoryError):
+            if len(texts) == 1:
+                raise
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            half = len(texts) // 2
+            first, first_splits = self._encode(texts[:half])
+            second, second_splits = self._encode(texts[half:])
+            return np.vstack([first, second]), 1 + first_splits + second_splits
+
+    def _truncated(self, texts: list[str]) -> list[int]:
+        """Indices of texts longer than the model's token limit (they were embedded truncated)."""
+        # A token covers at least one character, so only texts longer than the limit
+        # (less the two special tokens) can exceed it; only those are tokenized.
+        candidates = [i for i, t in enumerate(texts) if len(t) > self.max_tokens - 2]
+        if not candidates:
+            return []
+        encoded = self.model.tokenizer(
+            [texts[i] for i in candidates], add_special_tokens=True, truncation=False, verbose=False
+        )["input_ids"]
+        return [i for i, ids in zip(candidates, encoded) if len(ids) > self.max_tokens]

@@ -1,0 +1,149 @@
+"""`embedjob run` (a job on this machine: local Ray, embedded PostgreSQL) and `embedjob search`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+from embedjob.api import SpecError
+
+from .config import JobConfig
+from .driver import DATABASE_URL_ENV, EXIT_INVALID_CONFIG, EXIT_JOB_FAILED, EXIT_SUCCEEDED, EXIT_UNREACHABLE
+from .errors import Unreachable
+from .logs import configure_logging, mask_url
+
+SNIPPET_CHARS = 100
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="embedjob", description="Batch text embeddings on Ray into PostgreSQL.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run an EmbeddingJob manifest on this machine (local Ray)")
+    run.add_argument("manifest", type=Path)
+    run.add_argument("--database-url", default=os.environ.get(DATABASE_URL_ENV),
+                     help=f"PostgreSQL URL (default: ${DATABASE_URL_ENV}, else an embedded PostgreSQL)")
+    run.add_argument("--new-run", action="store_true", help="start a new run although the input changed")
+    run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    run.add_argument("--verbose", "-v", action="store_true", help="log every batch (key=value lines on stderr)")
+    search = commands.add_parser("search", help="nearest neighbours of a query in the job's collection")
+    search.add_argument("manifest", type=Path)
+    search.add_argument("query")
+    search.add_argument("-k", type=int, default=5, help="how many neighbours (default 5)")
+    search.add_argument("--database-url", default=os.environ.get(DATABASE_URL_ENV))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = JobConfig.from_file(args.manifest)
+    except (SpecError, OSError) as exc:
+        print(f"embedjob: invalid manifest {args.manifest}: {exc}", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+    with ExitStack() as stack:
+        url = args.database_url or _local_database(stack)
+        configure_logging(secrets=[url], level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
+        try:
+            return _run(config, url, args) if args.command == "run" else _search(config, url, args)
+        except Unreachable as exc:
+            print(f"embedjob: {exc}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+
+
+def _local_database(stack: ExitStack) -> str:
+    from .localdb import start_local_database
+
+    server, url = start_local_database()
+    stack.callback(server.cleanup)
+    return url
+
+
+def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
+    import ray
+    from tqdm import tqdm
+
+    from .driver import DriverOptions, fault_injection_from_env, run_job
+    from .metrics import DriverMetrics
+    from .source import count_records, resolve_uri
+
+    workers = config.spec.workers
+    needed_cpus = workers.replicas * workers.cpus_per_actor
+    # address="local": a fresh Ray on this machine even when RAY_ADDRESS points elsewhere.
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(needed_cpus + 0.999)),
+             include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    metrics = DriverMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
+    spec = config.spec
+    total = count_records(resolve_uri(spec.source.uri, config.base_dir), spec.source.format)
+    print(f"embedjob: {config.name}: {spec.source.uri} -> {mask_url(url)} table {spec.sink.table}, "
+          f"collection {spec.sink.collection}", file=sys.stderr)
+    with tqdm(total=total, unit="rec", desc=config.name, dynamic_ncols=True) as bar:
+        def show(columns: dict) -> None:
+            done = columns["records_embedded"] + columns["records_failed"]
+            bar.update(done - bar.n)
+            batches = f"{columns['batches_succeeded'] + columns['batches_failed']}/{columns['batches_total'] or '?'}"
+            bar.set_postfix(batches=batches, texts_s=columns["texts_per_second"], refresh=False)
+
+        options = DriverOptions(new_run=args.new_run, metrics=metrics, on_progress=show,
+                                fault_injection=fault_injection_from_env())
+        try:
+            summary = run_job(config, url, options)
+        finally:
+            ray.shutdown()
+    _print_summary(summary)
+    return EXIT_SUCCEEDED if summary.state == "succeeded" else EXIT_JOB_FAILED
+
+
+def _print_summary(summary) -> None:
+    c = summary.counters
+    lines = [f"state              {summary.state}" + (f" ({summary.reason}: {summary.error})" if summary.reason else "")]
+    if c:
+        lines += [
+            f"records embedded   {c['records_embedded']} ({summary.records_truncated} truncated)",
+            f"records failed     {c['records_failed']}",
+            f"batches            {c['batches_succeeded']} succeeded ({summary.batches_skipped} already done),"
+            f" {c['batches_failed']} failed, {c['batches_total']} total",
+            f"throughput         {c['texts_per_second']:.1f} texts/s",
+            f"batch latency      p50 {summary.latency_percentile(0.5):.2f}s, p95 {summary.latency_percentile(0.95):.2f}s",
+            f"model load         {summary.model_load_seconds:.1f}s",
+            f"retries            {summary.retries} ({summary.oom_splits} out-of-memory splits)",
+            f"elapsed            {summary.elapsed_seconds:.1f}s (run {summary.run_id})",
+        ]
+    print("\n".join(lines))
+
+
+def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
+    import sqlalchemy as sa
+
+    from .model import load_model, resolve_model
+    from .sink import sqlalchemy_url
+
+    resolved = resolve_model(config.spec.model)
+    model = load_model(resolved, device="cpu")
+    query = model.encode([args.query], normalize_embeddings=True, convert_to_numpy=True)[0]
+    vector = "[" + ",".join(f"{x:.7g}" for x in query) + "]"
+    engine = sa.create_engine(sqlalchemy_url(url))
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text(
+                f'SELECT record_id, embedding <=> CAST(:q AS vector) AS distance, text FROM "{config.spec.sink.table}"'
+                " WHERE collection = :c AND model = :m AND revision = :r ORDER BY distance LIMIT :k"),
+                {"q": vector, "c": config.spec.sink.collection, "m": resolved.name, "r": resolved.revision,
+                 "k": args.k}).all()
+    except sa.exc.OperationalError as exc:
+        raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
+    except sa.exc.ProgrammingError:
+        print(f"embedjob: no vectors yet: run `embedjob run {args.manifest}` first", file=sys.stderr)
+        return EXIT_JOB_FAILED
+    finally:
+        engine.dispose()
+    for record_id, distance, text in rows:
+        snippet = " ".join(text.split())
+        snippet = snippet if len(snippet) <= SNIPPET_CHARS else snippet[: SNIPPET_CHARS - 1] + "…"
+        print(f"{distance:.4f}  {record_id}  {snippet}")
+    return EXIT_SUCCEEDED

@@ -1,0 +1,13 @@
+"""Why a job stops: a failed job (exit 1) or an unreachable Ray/database (exit 3)."""
+
+
+class JobFailed(Exception):
+    """The job ends failed; `reason` is CamelCase and goes into the run row."""
+
+    def __init__(self, reason: str, message: str):
+        self.reason = reason
+        super().__init__(message)
+
+
+class Unreachable(Exception):
+    """Ray or PostgreSQL cannot be reached; the run row may not be writable."""

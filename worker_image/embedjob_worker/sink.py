@@ -1,0 +1,243 @@
+"""The PostgreSQL sink: vectors (pgvector), batches, attempts, record errors, runs.
+
+A group of finished batches is written in one transaction: their vectors by binary
+COPY into a temp staging table and one merge into the vectors table, and their batch
+rows (the `succeeded` marks), attempt rows, record errors and the run's counters. A
+crash therefore loses whole batches, never half of one, and a re-run rewrites nothing
+that is unchanged (the merge skips rows whose content hash is the same).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from embedjob import db
+
+from .errors import JobFailed
+from .records import BadRecord, Record
+
+_STAGING_DDL = (
+    "CREATE TEMP TABLE IF NOT EXISTS embedjob_staging"
+    " (record_id text, content_hash text, embedding vector, text text, batch_id text) ON COMMIT DELETE ROWS"
+)
+_COPY_SQL = "COPY embedjob_staging (record_id, content_hash, embedding, text, batch_id) FROM STDIN (FORMAT BINARY)"
+_MERGE_SQL = """
+INSERT INTO "{table}" AS t (collection, record_id, model, revision, content_hash, embedding, text, job_key, batch_id)
+SELECT %(collection)s, s.record_id, %(model)s, %(revision)s, s.content_hash, s.embedding, s.text, %(job_key)s,
+       s.batch_id
+FROM embedjob_staging s
+ON CONFLICT (collection, record_id, model, revision) DO UPDATE
+SET content_hash = excluded.content_hash, embedding = excluded.embedding, text = excluded.text,
+    job_key = excluded.job_key, batch_id = excluded.batch_id, updated_at = now()
+WHERE t.content_hash IS DISTINCT FROM excluded.content_hash
+"""
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+_COPY_TRAILER = struct.pack(">h", -1)
+_HASH_FIELD = struct.pack(">i", 64)  # hex sha256
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Accept the plain libpq URLs people keep in Secrets; always drive them with psycopg 3."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+@dataclass
+class AttemptRow:
+    attempt: int
+    worker: str | None
+    outcome: str  # succeeded | retry | split | failed
+    reason: str | None
+    started_at: datetime | None
+    finished_at: datetime = field(default_factory=now)
+
+
+@dataclass
+class BatchOutcome:
+    """A batch's final result in this run, ready to be written."""
+
+    batch_id: str
+    state: str  # succeeded | failed
+    records: tuple[Record, ...]
+    attempts: list[AttemptRow]
+    started_at: datetime
+    vectors: np.ndarray | None = None
+    worker: str | None = None
+    error: str | None = None
+    truncated: list[BadRecord] = field(default_factory=list)
+    duration_s: float | None = None
+
+
+# Runs that ended before embedding anything; a later start compares against the run before them.
+REFUSED_START_REASONS = ("InputChanged", "ModelUnavailable", "SourceUnavailable")
+
+
+@dataclass(frozen=True)
+class RunStart:
+    run_id: str
+    resumed: bool
+
+
+def content_salt(normalize: bool, max_seq_length: int | None) -> bytes:
+    """Part of every content hash: settings that change a vector without changing its key."""
+    return f"normalize={normalize};max_seq_length={max_seq_length}\x00".encode()
+
+
+def copy_payload(outcomes: list[BatchOutcome], salt: bytes) -> bytes:
+    """PostgreSQL binary COPY data for the staging table (pgvector's binary `vector` format)."""
+    parts = [_COPY_SIGNATURE]
+    for outcome in outcomes:
+        vectors = np.ascontiguousarray(outcome.vectors, dtype=">f4")
+        count, dim = vectors.shape
+        vector_prefix = struct.pack(">ihh", 4 + 4 * dim, dim, 0)
+        batch_id = outcome.batch_id.encode()
+        batch_field = struct.pack(">i", len(batch_id)) + batch_id
+        for record, vector in zip(outcome.records, vectors):
+            record_id = record.id.encode()
+            text = record.text.encode()
+            content_hash = hashlib.sha256(salt + text).hexdigest().encode()
+            parts += (struct.pack(">hi", 5, len(record_id)), record_id, _HASH_FIELD, content_hash,
+                      vector_prefix, vector.tobytes(), struct.pack(">i", len(text)), text, batch_field)
+    parts.append(_COPY_TRAILER)
+    return b"".join(parts)
+
+
+class PostgresSink:
+    def __init__(self, url: str, job_key: str, collection: str, table: str, salt: bytes):
+        self.url = url
+        self.engine = sa.create_engine(sqlalchemy_url(url), pool_pre_ping=True, pool_size=2)
+        self.job_key, self.collection, self.table, self.salt = job_key, collection, table, salt
+        self.merge_sql = _MERGE_SQL.format(table=table)
+        self.model = self.revision = None  # set by start_run
+
+    def migrate(self) -> None:
+        db.migrate(sqlalchemy_url(self.url))
+
+    def ensure_vectors_table(self, dim: int) -> None:
+        with self.engine.begin() as conn:
+            db.vectors_table(self.table, dim).create(conn, checkfirst=True)
+            existing = conn.execute(sa.text(
+                "SELECT atttypmod FROM pg_attribute WHERE attrelid = CAST(:t AS regclass) AND attname = 'embedding'"
+            ), {"t": f'"{self.table}"'}).scalar_one()
+        if existing != dim:
+            raise JobFailed("VectorDimensionMismatch",
+                            f"table {self.table} holds vector({existing}) but the model gives {dim} dimensions")
+
+    def start_run(self, job_name: str, namespace: str, model: str, revision: str, input_fp: str, config_fp: str,
+                  new_run: bool) -> RunStart:
+        """Resume the job's run over the same input and config, or start one; refuse a changed input."""
+        runs = db.runs
+        self.model, self.revision = model, revision
+        refused = None
+        with self.engine.begin() as conn:
+            # Two drivers of the same job (an overlapping RayJob retry) must not both start a run.
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": self.job_key})
+            latest = conn.execute(
+                sa.select(runs.c.run_id, runs.c.input_fingerprint, runs.c.config_fingerprint)
+                .where(runs.c.job_key == self.job_key)
+                .where(sa.or_(runs.c.reason.is_(None), runs.c.reason.not_in(REFUSED_START_REASONS)))
+                .order_by(runs.c.started_at.desc()).limit(1)
+            ).first()
+            if latest is not None and not new_run:
+                if (latest.input_fingerprint, latest.config_fingerprint) == (input_fp, config_fp):
+                    conn.execute(runs.update().where(runs.c.run_id == latest.run_id).values(
+                        state="running", reason=None, error=None, finished_at=None, heartbeat_at=sa.func.now()))
+                    return RunStart(latest.run_id, resumed=True)
+                what = "input" if latest.input_fingerprint != input_fp else "batching/model config"
+                refused = (f"the {what} changed since run {latest.run_id}; the vectors written so far came from the "
+                           f"old one. Start a new run (embedjob run --new-run, or the driver's --new-run) to embed "
+                           f"the new {what}")
+            run_id = self._insert_run(conn, job_name, namespace, input_fp, config_fp, refused and "InputChanged",
+                                      refused)
+        if refused:
+            raise JobFailed("InputChanged", refused)
+        return RunStart(run_id, resumed=False)
+
+    def record_refused_start(self, job_name: str, namespace: str, model: str, reason: str, error: str) -> None:
+        """A run that could not start (no model, no input): a failed run row that says why."""
+        self.model, self.revision = model, ""
+        with self.engine.begin() as conn:
+            self._insert_run(conn, job_name, namespace, "", "", reason, error)
+
+    def _insert_run(self, conn: sa.Connection, job_name: str, namespace: str, input_fp: str, config_fp: str,
+                    reason: str | None, error: str | None) -> str:
+        run_id = str(uuid.uuid4())
+        conn.execute(db.runs.insert().values(
+            run_id=run_id, job_key=self.job_key, job_name=job_name, namespace=namespace,
+            collection=self.collection, vectors_table=self.table, model=self.model, revision=self.revision,
+            input_fingerprint=input_fp, config_fingerprint=config_fp, state="failed" if reason else "running",
+            reason=reason, error=error, finished_at=sa.func.now() if reason else None))
+        return run_id
+
+    def succeeded_batches(self) -> dict[str, int]:
+        """The job's succeeded batches (ids carry the input and config fingerprints) -> records embedded."""
+        batches = db.batches
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(batches.c.batch_id, batches.c.records - batches.c.failed_records)
+                                .where(batches.c.job_key == self.job_key, batches.c.state == "succeeded"))
+            return {batch_id: embedded for batch_id, embedded in rows}
+
+    def write(self, run_id: str, outcomes: list[BatchOutcome], bad_records: list[BadRecord],
+              progress: dict) -> None:
+        """One transaction: vectors of the succeeded batches, batch marks, attempts, errors, counters."""
+        succeeded = [o for o in outcomes if o.state == "succeeded"]
+        with self.engine.begin() as conn:
+            if succeeded:
+                with conn.connection.driver_connection.cursor() as cur:
+                    cur.execute(_STAGING_DDL)
+                    with cur.copy(_COPY_SQL) as copy:
+                        copy.write(copy_payload(succeeded, self.salt))
+                    cur.execute(self.merge_sql, {"collection": self.collection, "model": self.model,
+                                                 "revision": self.revision, "job_key": self.job_key})
+            if outcomes:
+                self._write_batches(conn, run_id, outcomes)
+            errors = bad_records + [bad for o in succeeded for bad in o.truncated]
+            if errors:
+                conn.execute(pg_insert(db.record_errors).on_conflict_do_nothing(), [
+                    {"run_id": run_id, "position": e.position, "job_key": self.job_key, "record_id": e.record_id,
+                     "batch_id": e.batch_id, "reason": e.reason.value, "detail": e.detail} for e in errors])
+            conn.execute(db.runs.update().where(db.runs.c.run_id == run_id)
+                         .values(heartbeat_at=sa.func.now(), **progress))
+
+    def _write_batches(self, conn: sa.Connection, run_id: str, outcomes: list[BatchOutcome]) -> None:
+        rows = [{
+            "job_key": self.job_key, "batch_id": o.batch_id, "run_id": run_id, "state": o.state,
+            "attempts": max(a.attempt for a in o.attempts), "records": len(o.records),
+            "failed_records": len(o.records) if o.state == "failed" else 0, "error": o.error,
+            "worker": o.worker, "started_at": o.started_at, "finished_at": now(), "duration_s": o.duration_s,
+        } for o in outcomes]
+        stmt = pg_insert(db.batches)
+        conn.execute(stmt.on_conflict_do_update(
+            index_elements=[db.batches.c.job_key, db.batches.c.batch_id],
+            set_={c: stmt.excluded[c] for c in ("run_id", "state", "attempts", "records", "failed_records",
+                                                 "error", "worker", "started_at", "finished_at", "duration_s")},
+        ), rows)
+        conn.execute(db.batch_attempts.insert(), [{
+            "job_key": self.job_key, "batch_id": o.batch_id, "run_id": run_id, "attempt": a.attempt,
+            "worker": a.worker, "outcome": a.outcome, "reason": a.reason, "started_at": a.started_at,
+            "finished_at": a.finished_at,
+        } for o in outcomes for a in o.attempts])
+
+    def finish_run(self, run_id: str, state: str, reason: str | None, error: str | None, progress: dict) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(db.runs.update().where(db.runs.c.run_id == run_id).values(
+                state=state, reason=reason, error=error, finished_at=sa.func.now(), heartbeat_at=sa.func.now(),
+                **progress))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
