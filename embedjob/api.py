@@ -364,6 +364,8 @@ class EmbeddingJobStatus(ApiModel):
     ray_cluster_name: str | None = None
     job_deployment_status: str | None = Field(None, description="Mirrored RayJob status.jobDeploymentStatus.")
     job_status: str | None = Field(None, description="Mirrored RayJob status.jobStatus.")
+    ray_job_reason: str | None = Field(None, max_length=1024, description="Mirrored RayJob status.reason.")
+    ray_job_message: str | None = Field(None, max_length=32768, description="Mirrored RayJob status.message.")
     dashboard_url: str | None = Field(None, alias="dashboardURL")
     progress: Progress | None = None
     start_time: str | None = Field(None, json_schema_extra={"format": "date-time"})

@@ -1,0 +1,70 @@
+"""`python -m controller`: the EmbeddingJob operator.
+
+kopf runs standalone (one replica, no peering), keeps its handler progress and
+diff-base in `embedjob.dev/*` annotations, and guards each job with the finalizer
+`embedjob.dev/cleanup`. Settings come from the environment (controller/settings.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import kopf
+
+from embedjob import api
+
+from . import handlers  # noqa: F401  (registers the handlers with kopf)
+from . import metrics
+from .kube import Cluster
+from .progress import ProgressReader
+from .reconcile import Context, Wakeups
+from .settings import Settings
+
+FINALIZER = f"{api.GROUP}/cleanup"
+LOG_FORMATS = {"json": kopf.LogFormat.JSON, "plain": kopf.LogFormat.FULL}
+
+
+def kopf_settings() -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=api.GROUP, key="last-handled-configuration"
+    )
+    # Only the explicit Events of the status transitions, not one per log line.
+    settings.posting.loggers = False
+    settings.posting.level = logging.INFO
+    return settings
+
+
+def main() -> None:
+    settings = Settings.from_env()
+    kopf.configure(log_format=LOG_FORMATS[settings.log_format])
+    metrics.serve(settings.metrics_port)
+    progress = ProgressReader(settings.database_url) if settings.database_url else None
+    context = Context(
+        settings=settings,
+        cluster=Cluster.from_environment(),
+        progress=progress,
+        wakeups=Wakeups(),
+        job_states=metrics.JobStates(),
+    )
+    try:
+        asyncio.run(
+            kopf.operator(
+                settings=kopf_settings(),
+                standalone=True,
+                clusterwide=settings.clusterwide,
+                namespaces=list(settings.watch_namespaces),
+                liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
+                memo=kopf.Memo(context=context),
+            )
+        )
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The few Kubernetes API calls the operator makes itself (kopf does the watching).
+
+The official client is synchronous; every call runs in a worker thread so the event
+loop (and with it every other job) never waits on one request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from embedjob import api
+
+from .rayjob import RAY_GROUP, RAY_PLURAL, RAY_VERSION
+
+NOT_FOUND, CONFLICT = 404, 409
+
+
+class Cluster:
+    def __init__(self, client: kubernetes.client.ApiClient):
+        self._core = kubernetes.client.CoreV1Api(client)
+        self._custom = kubernetes.client.CustomObjectsApi(client)
+
+    @classmethod
+    def from_environment(cls) -> "Cluster":
+        """In-cluster credentials, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+        try:
+            kubernetes.config.load_incluster_config()
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config()
+        return cls(kubernetes.client.ApiClient())
+
+    async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Secret's `data` map (values stay base64), None if it does not exist."""
+        try:
+            secret = await asyncio.to_thread(self._core.read_namespaced_secret, name, namespace)
+        except ApiException as exc:
+            if exc.status == NOT_FOUND:
+                return None
+            raise
+        return {"data": secret.data or {}}
+
+    async def create_or_get_rayjob(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create the RayJob; if one of that name exists already, return that one."""
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        try:
+            return await asyncio.to_thread(
+                self._custom.create_namespaced_custom_object, RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, manifest
+            )
+        except ApiException as exc:
+            if exc.status != CONFLICT:
+                raise
+        return await asyncio.to_thread(
+            self._custom.get_namespaced_custom_object, RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name
+        )
+
+    async def set_rayjob_suspend(self, namespace: str, name: str, suspend: bool) -> None:
+        await asyncio.to_thread(
+            self._custom.patch_namespaced_custom_object,
+            RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, {"spec": {"suspend": suspend}},
+        )
+
+    async def delete_rayjob(self, namespace: str, name: str) -> bool:
+        """Ask for the RayJob's deletion; True once it is gone."""
+        try:
+            await asyncio.to_thread(
+                self._custom.delete_namespaced_custom_object,
+                RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, propagation_policy="Background",
+            )
+            await asyncio.to_thread(
+                self._custom.get_namespaced_custom_object, RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == NOT_FOUND:
+                return True
+            raise
+        return False
+
+    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """JSON-merge-patch the EmbeddingJob's status subresource; return the new status."""
+        job = await asyncio.to_thread(
+            self._custom.patch_namespaced_custom_object_status,
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status},
+        )
+        return job.get("status") or {}

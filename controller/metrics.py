@@ -1,0 +1,60 @@
+"""Prometheus metrics of the operator (served on EMBEDJOB_METRICS_PORT, path /metrics)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from embedjob.api import JobState
+
+RECONCILES = Counter("embedjob_reconciles_total", "Handler runs, by handler.", ["handler"])
+ERRORS = Counter("embedjob_reconcile_errors_total", "Handler runs that raised, by handler and error.",
+                 ["handler", "error"])
+LATENCY = Histogram("embedjob_reconcile_duration_seconds", "Handler run time, by handler.", ["handler"],
+                    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+JOBS = Gauge("embedjob_jobs", "EmbeddingJobs this operator tracks, by state.", ["state"])
+
+
+@contextmanager
+def reconcile(handler: str) -> Iterator[None]:
+    RECONCILES.labels(handler).inc()
+    started = time.perf_counter()
+    try:
+        yield
+    except Exception as exc:
+        ERRORS.labels(handler, type(exc).__name__).inc()
+        raise
+    finally:
+        LATENCY.labels(handler).observe(time.perf_counter() - started)
+
+
+class JobStates:
+    """The state of every tracked job, kept in the `embedjob_jobs` gauge."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, str] = {}
+        for state in JobState:
+            JOBS.labels(state.value).set(0)
+
+    def set(self, uid: str, state: str) -> None:
+        old = self._states.get(uid)
+        if old == state:
+            return
+        if old is not None:
+            JOBS.labels(old).dec()
+        self._states[uid] = state
+        JOBS.labels(state).inc()
+
+    def forget(self, uid: str) -> None:
+        old = self._states.pop(uid, None)
+        if old is not None:
+            JOBS.labels(old).dec()
+
+
+def serve(port: int) -> None:
+    """Serve /metrics in a background thread (port 0: no metrics endpoint)."""
+    if port:
+        start_http_server(port)

@@ -1,0 +1,77 @@
+"""The RBAC rules the operator needs: exactly what its code and kopf call, nothing with `*`.
+
+The Helm chart renders its ClusterRole/Roles from these lists, and a test runs the
+operator under a ServiceAccount bound to nothing else. `python -m controller.permissions`
+prints them as JSON.
+
+- Cluster-wide (`EMBEDJOB_WATCH_NAMESPACES` empty): one ClusterRole with
+  `cluster_rules(clusterwide=True)`, which include the namespaced rules.
+- Namespaced: a ClusterRole with `cluster_rules(clusterwide=False)` plus, in each
+  watched namespace, a Role with `NAMESPACED_RULES`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from embedjob import api
+
+from .rayjob import RAY_GROUP
+
+
+@dataclass(frozen=True)
+class Rule:
+    api_groups: tuple[str, ...]
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+    why: str
+
+    def as_policy_rule(self) -> dict[str, list[str]]:
+        return {"apiGroups": list(self.api_groups), "resources": list(self.resources), "verbs": list(self.verbs)}
+
+
+# In the watched namespaces.
+NAMESPACED_RULES = (
+    Rule((api.GROUP,), (api.PLURAL,), ("list", "watch", "patch"),
+         "kopf watches the jobs and patches their finalizer and its embedjob.dev/* annotations"),
+    Rule((api.GROUP,), (f"{api.PLURAL}/status",), ("patch",), "the operator writes status and conditions"),
+    Rule((RAY_GROUP,), ("rayjobs",), ("get", "list", "watch", "create", "patch", "delete"),
+         "one RayJob per job: created, watched for status, suspended/resumed, deleted by the finalizer"),
+    Rule(("",), ("secrets",), ("get",), "checks that the job's database Secret and key exist"),
+    Rule(("",), ("events",), ("create",), "an Event on every condition transition"),
+)
+
+# Cluster-scoped, in both modes.
+CLUSTER_RULES = (
+    Rule(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch"),
+         "kopf notices the EmbeddingJob and RayJob CRDs being installed or removed"),
+)
+
+# Namespaced mode only: kopf lists and watches namespaces to follow the watched ones.
+NAMESPACE_OBSERVATION = Rule(("",), ("namespaces",), ("list", "watch"),
+                             "kopf follows the watched namespaces being created or deleted")
+
+
+def cluster_rules(clusterwide: bool) -> tuple[Rule, ...]:
+    if clusterwide:
+        return CLUSTER_RULES + NAMESPACED_RULES
+    return CLUSTER_RULES + (NAMESPACE_OBSERVATION,)
+
+
+def policy_rules(rules: tuple[Rule, ...]) -> list[dict[str, list[str]]]:
+    return [rule.as_policy_rule() for rule in rules]
+
+
+def as_document() -> dict[str, dict[str, list[dict[str, list[str]]]]]:
+    return {
+        "clusterwide": {"clusterRole": policy_rules(cluster_rules(clusterwide=True))},
+        "namespaced": {
+            "clusterRole": policy_rules(cluster_rules(clusterwide=False)),
+            "role": policy_rules(NAMESPACED_RULES),
+        },
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(as_document(), indent=2))

@@ -1,0 +1,101 @@
+"""Reads a job's progress from the driver's `embedjob_runs` table (read-only).
+
+A small pool with connect and statement timeouts: a slow or absent database delays
+a status update by seconds at most and is reported as "progress unavailable"; it never
+fails a job by itself.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from embedjob.db import runs
+
+CONNECT_TIMEOUT_SECONDS = 5
+STATEMENT_TIMEOUT_MS = 5000
+UNDEFINED_TABLE = "42P01"  # before the driver's first migration
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """The counters of one driver run (a row of embedjob_runs)."""
+
+    state: str  # running | succeeded | failed
+    reason: str | None
+    error: str | None
+    batches_total: int | None
+    batches_succeeded: int
+    batches_failed: int
+    records_embedded: int
+    records_failed: int
+    texts_per_second: float
+    heartbeat_at: dt.datetime | None
+
+
+class ProgressUnavailable(Exception):
+    """The database could not be read; the message is safe to show (no credentials)."""
+
+
+def engine_url(url: str) -> sa.URL:
+    """The URL with psycopg 3 as the driver (a bare postgresql:// would mean psycopg2)."""
+    parsed = make_url(url)
+    return parsed.set(drivername="postgresql+psycopg") if parsed.drivername == "postgresql" else parsed
+
+
+class ProgressReader:
+    def __init__(self, url: str, pool_size: int = 2):
+        self._url = engine_url(url)
+        self._engine = sa.create_engine(
+            self._url,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            pool_timeout=CONNECT_TIMEOUT_SECONDS,
+            pool_pre_ping=True,
+            pool_recycle=300,
+            connect_args={
+                "connect_timeout": CONNECT_TIMEOUT_SECONDS,
+                "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c default_transaction_read_only=on",
+                "application_name": "embedjob-operator",
+            },
+        )
+
+    def latest(self, job_key: str) -> RunProgress | None:
+        """The newest run of the job, None before the driver started one."""
+        query = sa.select(runs).where(runs.c.job_key == job_key).order_by(runs.c.started_at.desc()).limit(1)
+        try:
+            with self._engine.connect() as conn:
+                row = conn.execute(query).mappings().first()
+        except sa.exc.DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) == UNDEFINED_TABLE:
+                return None
+            raise ProgressUnavailable(self._describe(exc)) from None
+        except sa.exc.SQLAlchemyError as exc:
+            raise ProgressUnavailable(self._describe(exc)) from None
+        if row is None:
+            return None
+        return RunProgress(
+            state=row["state"],
+            reason=row["reason"],
+            error=row["error"],
+            batches_total=row["batches_total"],
+            batches_succeeded=row["batches_succeeded"],
+            batches_failed=row["batches_failed"],
+            records_embedded=row["records_embedded"],
+            records_failed=row["records_failed"],
+            texts_per_second=row["texts_per_second"],
+            heartbeat_at=row["heartbeat_at"],
+        )
+
+    def _describe(self, exc: Exception) -> str:
+        cause = getattr(exc, "orig", None) or exc
+        first_line = (str(cause).strip().splitlines() or [""])[0][:200]
+        if self._url.password:
+            first_line = first_line.replace(self._url.password, "***")
+        return f"{type(cause).__name__}: {first_line}"
+
+    def close(self) -> None:
+        self._engine.dispose()

@@ -1,0 +1,193 @@
+"""The RayJob for an EmbeddingJob: a pure function of the EmbeddingJob and the settings.
+
+Credentials reach the Ray pods only as `env[].valueFrom.secretKeyRef` (the user's
+Secret); the entrypoint carries the job config, which holds the Secret's name but
+never its contents.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from embedjob import api
+from embedjob.jobconfig import encode_job_config
+
+from .settings import Settings
+
+RAY_API_VERSION = "ray.io/v1"
+RAY_GROUP, RAY_VERSION, RAY_PLURAL = "ray.io", "v1", "rayjobs"
+# KubeRay: MaxRayJobNameLength (RayCluster names get a 6-character suffix).
+MAX_RAYJOB_NAME = 47
+NAME_PREFIX = "ej-"
+HASH_LENGTH = 8
+
+LABEL_JOB_NAME = "embedjob.dev/job-name"
+LABEL_JOB_UID = "embedjob.dev/job-uid"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "embedjob"
+
+DATABASE_URL_ENV = "EMBEDJOB_DATABASE_URL"
+DRIVER_MODULE = "embedjob_worker.driver"
+WORKER_GROUP = "embedders"
+GPU_RESOURCE = "nvidia.com/gpu"
+# The head runs the driver and Ray's control processes, no EmbeddingWorker actors
+# (num-cpus 0 keeps them off it).
+HEAD_RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
+
+
+def rayjob_name(job_name: str, job_uid: str) -> str:
+    """`ej-<name, truncated>-<hash of the uid>`: stable for one EmbeddingJob, distinct
+    for a later EmbeddingJob of the same name, a DNS-1035 label of at most 47 characters."""
+    digest = hashlib.sha256(job_uid.encode()).hexdigest()[:HASH_LENGTH]
+    room = MAX_RAYJOB_NAME - len(NAME_PREFIX) - 1 - HASH_LENGTH
+    stem = re.sub(r"[^a-z0-9-]+", "-", job_name.lower())[:room].strip("-")
+    return f"{NAME_PREFIX}{stem}-{digest}" if stem else f"{NAME_PREFIX}{digest}"
+
+
+@dataclass(frozen=True)
+class WorkerLayout:
+    """How `spec.workers` becomes worker pods: one actor per pod, except that actors
+    with fractional GPUs are packed so that they share a pod's whole GPU."""
+
+    pods: int
+    actors_per_pod: int
+    cpus_per_pod: float
+    gpus_per_pod: int
+
+
+def worker_layout(workers: api.Workers) -> WorkerLayout:
+    gpus = workers.gpus_per_actor
+    if 0 < gpus < 1:
+        actors_per_pod = min(workers.replicas, math.floor(1 / gpus))
+        return WorkerLayout(
+            pods=math.ceil(workers.replicas / actors_per_pod),
+            actors_per_pod=actors_per_pod,
+            cpus_per_pod=workers.cpus_per_actor * actors_per_pod,
+            gpus_per_pod=1,
+        )
+    return WorkerLayout(
+        pods=workers.replicas, actors_per_pod=1, cpus_per_pod=workers.cpus_per_actor, gpus_per_pod=math.ceil(gpus)
+    )
+
+
+def _cpu_quantity(cpus: float) -> str:
+    millis = round(cpus * 1000)
+    return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
+
+
+def _worker_resources(workers: api.Workers, layout: WorkerLayout) -> dict[str, dict[str, str]]:
+    cpu = _cpu_quantity(layout.cpus_per_pod)
+    requests, limits = {"cpu": cpu}, {"cpu": cpu}
+    if workers.memory:
+        requests["memory"] = limits["memory"] = workers.memory
+    if layout.gpus_per_pod:
+        limits[GPU_RESOURCE] = str(layout.gpus_per_pod)
+    return {"requests": requests, "limits": limits}
+
+
+def database_env(sink: api.Sink) -> list[dict[str, Any]]:
+    ref = sink.database_secret_ref
+    return [{"name": DATABASE_URL_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def labels(job: dict[str, Any]) -> dict[str, str]:
+    meta = job["metadata"]
+    return {LABEL_JOB_NAME: meta["name"], LABEL_JOB_UID: meta["uid"], LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
+    meta = job["metadata"]
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def entrypoint(job: dict[str, Any]) -> str:
+    return shlex.join(["python", "-m", DRIVER_MODULE, "--config-b64", encode_job_config(job)])
+
+
+def _container(name: str, image: str, env: list, resources: dict) -> dict[str, Any]:
+    return {"name": name, "image": image, "env": env, "resources": copy.deepcopy(resources)}
+
+
+def _cluster_spec(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Settings) -> dict[str, Any]:
+    image = spec.workers.image or settings.worker_image
+    layout = worker_layout(spec.workers)
+    return {
+        "rayVersion": settings.ray_version,
+        "headGroupSpec": {
+            "rayStartParams": {"num-cpus": "0"},
+            "template": {
+                "metadata": {"labels": labels(job)},
+                "spec": {"containers": [_container("ray-head", image, database_env(spec.sink), HEAD_RESOURCES)]},
+            },
+        },
+        "workerGroupSpecs": [
+            {
+                "groupName": WORKER_GROUP,
+                "replicas": layout.pods,
+                "minReplicas": layout.pods,
+                "maxReplicas": layout.pods,
+                "rayStartParams": {},
+                "template": {
+                    "metadata": {"labels": labels(job)},
+                    "spec": {
+                        "containers": [
+                            _container("ray-worker", image, database_env(spec.sink),
+                                       _worker_resources(spec.workers, layout))
+                        ]
+                    },
+                },
+            }
+        ],
+    }
+
+
+def build_rayjob(job: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """The RayJob manifest for the EmbeddingJob `job` (a dict with metadata and spec)."""
+    spec = api.parse_spec(job["spec"])
+    meta = job["metadata"]
+    rayjob_spec: dict[str, Any] = {
+        "entrypoint": entrypoint(job),
+        "submissionMode": "K8sJobMode",
+        "backoffLimit": spec.retry.backoff_limit,
+        "suspend": spec.suspend,
+    }
+    if spec.active_deadline_seconds is not None:
+        rayjob_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
+    if spec.cluster_selector:
+        rayjob_spec["clusterSelector"] = dict(spec.cluster_selector)
+        rayjob_spec["shutdownAfterJobFinishes"] = False
+    else:
+        rayjob_spec["rayClusterSpec"] = _cluster_spec(job, spec, settings)
+        rayjob_spec["shutdownAfterJobFinishes"] = True
+        if spec.ttl_seconds_after_finished is not None:
+            rayjob_spec["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
+    return {
+        "apiVersion": RAY_API_VERSION,
+        "kind": "RayJob",
+        "metadata": {
+            "name": rayjob_name(meta["name"], meta["uid"]),
+            "namespace": meta["namespace"],
+            "labels": labels(job),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": rayjob_spec,
+    }
+
+
+def owned_by(rayjob: dict[str, Any], job_uid: str) -> bool:
+    """Whether `rayjob` is the one this EmbeddingJob (uid) created."""
+    refs = rayjob.get("metadata", {}).get("ownerReferences") or []
+    return any(ref.get("uid") == job_uid and ref.get("controller") for ref in refs)

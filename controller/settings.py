@@ -1,0 +1,80 @@
+"""The operator's settings, read once from the environment.
+
+The Helm chart sets these variables; their names are a contract (docs/operator.md).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Mapping
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the operator cannot use."""
+
+
+def _package_version() -> str:
+    try:
+        return version("embedjob")
+    except PackageNotFoundError:
+        return "0.1.0"
+
+
+# The worker image the Dockerfile in worker_image/ builds, tagged with this version.
+DEFAULT_WORKER_IMAGE = f"embedjob-worker:{_package_version()}"
+# Must equal the ray[default] pin of the `worker` extra (the image's Ray).
+DEFAULT_RAY_VERSION = "2.60.0"
+
+
+@dataclass(frozen=True)
+class Settings:
+    watch_namespaces: tuple[str, ...]  # empty: cluster-wide
+    worker_image: str
+    ray_version: str
+    database_url: str | None  # read-only role for progress; None: no progress
+    health_port: int
+    metrics_port: int
+    progress_interval_seconds: float
+    log_format: str  # json | plain
+    cleanup_timeout_seconds: float
+    retry_delay_seconds: float
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.watch_namespaces
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+
+        def text(name: str, default: str) -> str:
+            return env.get(name, "").strip() or default
+
+        def number(name: str, default: float, minimum: float, kind: type = float):
+            raw = text(name, str(default))
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise SettingsError(f"{name}={raw!r} is not a {kind.__name__}") from None
+            if value < minimum:
+                raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
+            return value
+
+        log_format = text("EMBEDJOB_LOG_FORMAT", "json").lower()
+        if log_format not in ("json", "plain"):
+            raise SettingsError(f"EMBEDJOB_LOG_FORMAT={log_format!r} must be json or plain")
+        namespaces = tuple(ns.strip() for ns in env.get("EMBEDJOB_WATCH_NAMESPACES", "").split(",") if ns.strip())
+        return cls(
+            watch_namespaces=namespaces,
+            worker_image=text("EMBEDJOB_WORKER_IMAGE", DEFAULT_WORKER_IMAGE),
+            ray_version=text("EMBEDJOB_RAY_VERSION", DEFAULT_RAY_VERSION),
+            database_url=env.get("EMBEDJOB_DATABASE_URL", "").strip() or None,
+            health_port=number("EMBEDJOB_HEALTH_PORT", 8080, 1, int),
+            metrics_port=number("EMBEDJOB_METRICS_PORT", 9090, 0, int),
+            progress_interval_seconds=number("EMBEDJOB_PROGRESS_INTERVAL_SECONDS", 10.0, 0.1),
+            log_format=log_format,
+            cleanup_timeout_seconds=number("EMBEDJOB_CLEANUP_TIMEOUT_SECONDS", 120.0, 0),
+            retry_delay_seconds=number("EMBEDJOB_RETRY_DELAY_SECONDS", 30.0, 0.1),
+        )

@@ -1,0 +1,71 @@
+"""Progress reads from a real PostgreSQL (the driver's embedjob_runs table)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+from controller.progress import ProgressReader, ProgressUnavailable, engine_url
+from embedjob.db import migrate, runs
+
+
+def _run_row(job_key: str, started_at: dt.datetime, **counters) -> dict:
+    return {
+        "run_id": str(uuid.uuid4()), "job_key": job_key, "job_name": "pep", "namespace": "team-a",
+        "collection": "default", "vectors_table": "embeddings", "model": "m", "revision": "r",
+        "input_fingerprint": "i" * 64, "config_fingerprint": "c" * 64, "state": "running",
+        "started_at": started_at, **counters,
+    }
+
+
+def test_reads_the_newest_run_of_the_job(database_url):
+    migrate(database_url)
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        for row in (
+            _run_row("uid-1", t0, state="failed", reason="TooManyFailedBatches", batches_succeeded=3),
+            _run_row("uid-1", t0 + dt.timedelta(minutes=5), batches_total=400, batches_succeeded=120,
+                     batches_failed=2, records_embedded=7680, records_failed=3, texts_per_second=55.5),
+            _run_row("uid-2", t0 + dt.timedelta(minutes=9), batches_succeeded=999),
+        ):
+            conn.execute(runs.insert().values(**row))
+    engine.dispose()
+    reader = ProgressReader(database_url)
+    try:
+        run = reader.latest("uid-1")
+        assert (run.state, run.batches_total, run.batches_succeeded, run.batches_failed) == ("running", 400, 120, 2)
+        assert (run.records_embedded, run.records_failed, run.texts_per_second) == (7680, 3, 55.5)
+        assert reader.latest("uid-unknown") is None
+    finally:
+        reader.close()
+
+
+def test_before_the_first_migration_there_is_no_progress(database_url):
+    reader = ProgressReader(database_url)
+    try:
+        assert reader.latest("uid-1") is None
+    finally:
+        reader.close()
+
+
+def test_database_outage_is_reported_without_credentials():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    reader = ProgressReader(f"postgresql://reader:s3cret-pw@127.0.0.1:{port}/embed")
+    try:
+        with pytest.raises(ProgressUnavailable) as info:
+            reader.latest("uid-1")
+    finally:
+        reader.close()
+    assert "OperationalError" in str(info.value) and "s3cret-pw" not in str(info.value)
+
+
+def test_plain_postgresql_urls_use_psycopg3():
+    assert engine_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
+    assert engine_url("postgresql+psycopg://u@h/db").drivername == "postgresql+psycopg"

@@ -1,0 +1,144 @@
+"""The RayJob manifest builder (pure; no cluster)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from controller.rayjob import (
+    GPU_RESOURCE,
+    MAX_RAYJOB_NAME,
+    build_rayjob,
+    owned_by,
+    rayjob_name,
+    worker_layout,
+)
+from controller.settings import Settings
+from embedjob import api
+from embedjob.jobconfig import decode_job_config
+from operator_fixtures import MINIMAL_SPEC, merged
+
+SETTINGS = Settings.from_env({"EMBEDJOB_WORKER_IMAGE": "registry.example/worker:1", "EMBEDJOB_RAY_VERSION": "2.60.0"})
+DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def job(name: str = "pep", uid: str = "0b5c6d3e-1111-2222-3333-444455556666", **spec) -> dict:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": name, "namespace": "team-a", "uid": uid, "annotations": {"note": "not copied"}},
+        "spec": merged(MINIMAL_SPEC, spec),
+        "status": {"state": "Pending"},
+    }
+
+
+@pytest.mark.parametrize("name", ["pep", "a" * 63, "my.job.v2", "x-" * 31 + "y", "9lives", "UPPER.case"])
+def test_rayjob_name_is_a_short_dns_label(name):
+    out = rayjob_name(name, "uid-1")
+    assert len(out) <= MAX_RAYJOB_NAME and DNS_1035.match(out), out
+    assert out == rayjob_name(name, "uid-1")  # deterministic
+    assert out != rayjob_name(name, "uid-2")  # a re-created job of the same name gets its own
+
+
+def test_manifest_ties_back_to_the_job():
+    manifest = build_rayjob(job(), SETTINGS)
+    meta = manifest["metadata"]
+    assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayJob"
+    assert meta["namespace"] == "team-a" and meta["name"] == rayjob_name("pep", job()["metadata"]["uid"])
+    assert meta["labels"] == {
+        "embedjob.dev/job-name": "pep",
+        "embedjob.dev/job-uid": job()["metadata"]["uid"],
+        "app.kubernetes.io/managed-by": "embedjob",
+    }
+    assert meta["ownerReferences"] == [{
+        "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "name": "pep",
+        "uid": job()["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True,
+    }]
+    assert owned_by(manifest, job()["metadata"]["uid"]) and not owned_by(manifest, "other")
+
+
+def test_entrypoint_runs_the_driver_with_the_job_config_and_no_credentials():
+    manifest = build_rayjob(job(), SETTINGS)
+    words = manifest["spec"]["entrypoint"].split()
+    assert words[:4] == ["python", "-m", "embedjob_worker.driver", "--config-b64"] and len(words) == 5
+    config = decode_job_config(words[4])
+    assert config["metadata"] == {"name": "pep", "namespace": "team-a", "uid": job()["metadata"]["uid"]}
+    assert config["spec"] == job()["spec"]
+    assert "status" not in config and "annotations" not in json.dumps(config)
+
+
+def test_database_url_comes_only_from_the_secret():
+    manifest = build_rayjob(job(sink={"databaseSecretRef": {"name": "pg", "key": "dsn"}}), SETTINGS)
+    cluster = manifest["spec"]["rayClusterSpec"]
+    containers = [cluster["headGroupSpec"]["template"]["spec"]["containers"][0]] + [
+        g["template"]["spec"]["containers"][0] for g in cluster["workerGroupSpecs"]
+    ]
+    for container in containers:
+        assert container["env"] == [
+            {"name": "EMBEDJOB_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "pg", "key": "dsn"}}}
+        ]
+    assert "postgresql://" not in json.dumps(manifest)
+
+
+def test_cluster_spec_defaults():
+    spec = build_rayjob(job(), SETTINGS)["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True and spec["suspend"] is False and spec["backoffLimit"] == 0
+    assert spec["submissionMode"] == "K8sJobMode"
+    assert "clusterSelector" not in spec and "activeDeadlineSeconds" not in spec
+    cluster = spec["rayClusterSpec"]
+    assert cluster["rayVersion"] == "2.60.0"
+    assert cluster["headGroupSpec"]["rayStartParams"] == {"num-cpus": "0"}
+    group = cluster["workerGroupSpecs"][0]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 1
+    container = group["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.example/worker:1"
+    assert container["resources"] == {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}
+
+
+def test_spec_fields_are_mapped():
+    spec = build_rayjob(job(
+        workers={"replicas": 3, "cpusPerActor": 2, "gpusPerActor": 1, "memory": "6Gi", "image": "mine:2"},
+        retry={"backoffLimit": 2}, activeDeadlineSeconds=3600, ttlSecondsAfterFinished=60, suspend=True,
+    ), SETTINGS)["spec"]
+    assert spec["backoffLimit"] == 2 and spec["activeDeadlineSeconds"] == 3600
+    assert spec["ttlSecondsAfterFinished"] == 60 and spec["suspend"] is True
+    group = spec["rayClusterSpec"]["workerGroupSpecs"][0]
+    container = group["template"]["spec"]["containers"][0]
+    assert group["replicas"] == 3 and container["image"] == "mine:2"
+    assert container["resources"] == {
+        "requests": {"cpu": "2", "memory": "6Gi"},
+        "limits": {"cpu": "2", "memory": "6Gi", GPU_RESOURCE: "1"},
+    }
+    assert spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == "mine:2"
+
+
+def test_cluster_selector_runs_on_an_existing_cluster():
+    spec = build_rayjob(job(clusterSelector={"ray.io/cluster": "shared"}, ttlSecondsAfterFinished=None), SETTINGS)["spec"]
+    assert spec["clusterSelector"] == {"ray.io/cluster": "shared"}
+    assert spec["shutdownAfterJobFinishes"] is False
+    assert "rayClusterSpec" not in spec and "ttlSecondsAfterFinished" not in spec
+
+
+@pytest.mark.parametrize(
+    "replicas, gpus, cpus, pods, per_pod, cpu_per_pod, gpu_per_pod",
+    [
+        (4, 0, 1, 4, 1, 1, 0),  # CPU only: one actor per pod
+        (2, 2, 4, 2, 1, 4, 2),  # whole GPUs: one actor per pod
+        (4, 0.5, 1, 2, 2, 2, 1),  # two actors share each pod's GPU
+        (4, 0.3, 0.5, 2, 3, 1.5, 1),  # three actors per GPU, the last pod partly used
+        (1, 0.25, 1, 1, 1, 1, 1),  # never more actors per pod than replicas
+    ],
+)
+def test_worker_layout(replicas, gpus, cpus, pods, per_pod, cpu_per_pod, gpu_per_pod):
+    layout = worker_layout(api.Workers(replicas=replicas, gpus_per_actor=gpus, cpus_per_actor=cpus))
+    assert (layout.pods, layout.actors_per_pod, layout.cpus_per_pod, layout.gpus_per_pod) == (
+        pods, per_pod, cpu_per_pod, gpu_per_pod)
+    assert layout.pods * layout.actors_per_pod >= replicas
+
+
+def test_fractional_cpus_become_millicores():
+    container = build_rayjob(job(workers={"cpusPerActor": 0.25, "gpusPerActor": 0.5, "replicas": 2}), SETTINGS)[
+        "spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert container["resources"]["requests"]["cpu"] == "500m"
