@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import enum
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -160,19 +160,19 @@ async def track(tracker: Tracker, ctx: Context) -> None:
         ctx.wakeups.forget(uid)
 
 
-class Cleanup(enum.Enum):
-    DONE = "the RayJob is gone"
-    WAITING = "the RayJob is being deleted"
-    GAVE_UP = "the RayJob is still being deleted; the job is released anyway"
+# How often the finalizer looks whether the RayJob is gone.
+CLEANUP_POLL_SECONDS = 1.0
 
 
-async def cleanup(job: dict[str, Any], runtime: dt.timedelta, ctx: Context) -> Cleanup:
-    """Delete the job's RayJob (no garbage collector is assumed to do it); bounded in time."""
+async def cleanup(job: dict[str, Any], ctx: Context) -> bool:
+    """Delete the job's RayJob (no garbage collector is relied on) and wait until it is
+    gone; False when it is still there after EMBEDJOB_CLEANUP_TIMEOUT_SECONDS."""
     meta = job["metadata"]
     ctx.job_states.forget(meta["uid"])
     name = (job.get("status") or {}).get("rayJobName") or rayjob_name(meta["name"], meta["uid"])
-    if await ctx.cluster.delete_rayjob(meta["namespace"], name):
-        return Cleanup.DONE
-    if runtime.total_seconds() >= ctx.settings.cleanup_timeout_seconds:
-        return Cleanup.GAVE_UP
-    return Cleanup.WAITING
+    deadline = time.monotonic() + ctx.settings.cleanup_timeout_seconds
+    while not await ctx.cluster.delete_rayjob(meta["namespace"], name):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(CLEANUP_POLL_SECONDS)
+    return True
