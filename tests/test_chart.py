@@ -5,6 +5,8 @@ operator calls (controller/permissions.py), and what the ServiceAccount may do."
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -14,11 +16,12 @@ import pytest
 import yaml
 
 from envtest.plugin import find_binaries
+from operator_fixtures import OperatorProcess, apply_job, create_database_secret, get_json, rayjobs, wait_for_condition, wait_until
 from test_images import pinned_ray_version, pyproject, quickstart_rayjob
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "embedjob-operator"
-RELEASE = "embedjob"
+RELEASE = "embedjob-operator"
 RELEASE_NAMESPACE = "embedjob-system"
 
 #: values that switch on every optional part (helm template only: no ServiceMonitor CRD in envtest)
@@ -430,3 +433,42 @@ def test_namespaced_serviceaccount_can_do_what_the_operator_needs_in_watched_nam
     expected |= {(a, watched): False for a in FORBIDDEN_SAMPLE - namespaced}
     expected |= {(a, None): False for a in FORBIDDEN_CLUSTER_SAMPLE - cluster}
     assert_access(kube, kubeconfig, expected)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_operator_runs_as_the_chart_configures_it(kube, namespace, jobs_namespaces, kuberay_operator, tmp_path):
+    """``python -m controller`` with the Deployment's environment and the ServiceAccount's
+    token (no other rights): a job gets its RayJob, KubeRay takes it, the job is Accepted."""
+    jobs_namespace, _ = jobs_namespaces
+    objects = install(kube, namespace, {"watchNamespaces": [jobs_namespace]})
+    chart_env = {name: e["value"] for name, e in container_env(objects).items()}
+    health_port, metrics_port = free_port(), free_port()  # the pod's 8080/9090, on this shared machine
+    env = {name: value for name, value in os.environ.items() if not name.startswith("EMBEDJOB_")}
+    env |= chart_env | {
+        "KUBECONFIG": chart_serviceaccount_kubeconfig(kube, namespace, objects),
+        "EMBEDJOB_HEALTH_PORT": str(health_port),
+        "EMBEDJOB_METRICS_PORT": str(metrics_port),
+    }
+    operator = OperatorProcess(env=env, log_path=tmp_path / "operator.log",
+                               health_port=health_port, metrics_port=metrics_port)
+    try:
+        operator.start()
+        create_database_secret(kube, jobs_namespace, "postgresql://writer:secret@db.example:5432/embed")
+        apply_job(kube, jobs_namespace, "quickstart")
+        job = wait_for_condition(kube, jobs_namespace, "quickstart", "Accepted", timeout=60)
+        (rayjob,) = rayjobs(kube, jobs_namespace)
+        assert rayjob["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+        cluster = rayjob["spec"]["rayClusterSpec"]
+        assert cluster["rayVersion"] == chart_env["EMBEDJOB_RAY_VERSION"]
+        assert cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == chart_env["EMBEDJOB_WORKER_IMAGE"]
+        status = wait_until("KubeRay to start the RayJob's RayCluster", lambda: get_json(
+            kube, "rayjob", rayjob["metadata"]["name"], "-n", jobs_namespace).get("status", {}).get("rayClusterName"))
+        assert status
+        assert "forbidden" not in operator.log().lower(), operator.log()[-3000:]
+    finally:
+        operator.stop()
