@@ -39,10 +39,16 @@ def batch_key(input_fingerprint: str, config_fingerprint: str) -> str:
     return hashlib.sha256(f"{input_fingerprint}:{config_fingerprint}".encode()).hexdigest()
 
 
-def length_sorted_windows(records: Iterable[Record], window_size: int) -> Iterator[list[Record]]:
-    """Consecutive windows of at most window_size records, each sorted by (length, position)."""
+def windows(records: Iterable[Record], window_size: int) -> Iterator[list[Record]]:
+    """Consecutive lists of at most window_size records, in input order."""
     iterator = iter(records)
     while window := list(islice(iterator, window_size)):
+        yield window
+
+
+def length_sorted_windows(records: Iterable[Record], window_size: int) -> Iterator[list[Record]]:
+    """Consecutive windows of at most window_size records, each sorted by (length, position)."""
+    for window in windows(records, window_size):
         window.sort(key=lambda r: (len(r.text), r.position))
         yield window
 
@@ -52,7 +58,8 @@ def make_batches(records: Iterable[Record], batch_size: int, sort_window: int, k
 
     sort_window=0 disables length bucketing: windows of one batch, i.e. input order.
     """
-    for window in length_sorted_windows(records, sort_window or batch_size):
+    chunks = length_sorted_windows(records, sort_window) if sort_window else windows(records, batch_size)
+    for window in chunks:
         for start in range(0, len(window), batch_size):
             chunk = tuple(window[start : start + batch_size])
             yield Batch(batch_id(key, (r.id for r in chunk)), chunk)

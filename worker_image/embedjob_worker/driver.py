@@ -214,6 +214,11 @@ class SinkWriter:
                 time.sleep(backoff_seconds(attempt))
 
 
+def worker_actor_name(job_key: str, slot: int, generation: int) -> str:
+    """Name of the actor in a pool slot; a replacement after a crash gets the next generation."""
+    return f"embedjob-worker-{hashlib.sha256(job_key.encode()).hexdigest()[:8]}-{slot}-{generation}"
+
+
 class WorkerPool:
     """`replicas` EmbeddingWorker actors; a dead one is replaced by a fresh one in its slot."""
 
@@ -224,14 +229,17 @@ class WorkerPool:
         self._actor_options = dict(num_cpus=workers.cpus_per_actor, num_gpus=workers.gpus_per_actor,
                                    max_restarts=0, max_task_retries=0)
         self._args = (resolved, workers.cpus_per_actor, workers.gpus_per_actor, fault_injection)
-        self.name_prefix = f"embedjob-worker-{hashlib.sha256(config.job_key.encode()).hexdigest()[:8]}"
+        self.job_key = config.job_key
         self.generations = [0] * workers.replicas
         self.actors = [self._start(slot) for slot in range(workers.replicas)]
         self.outstanding = [0] * workers.replicas
 
     def _start(self, slot: int):
-        name = f"{self.name_prefix}-{slot}-{self.generations[slot]}"
+        name = self.actor_name(slot)
         return self._actor_class.options(name=name, **self._actor_options).remote(*self._args)
+
+    def actor_name(self, slot: int) -> str:
+        return worker_actor_name(self.job_key, slot, self.generations[slot])
 
     def wait_ready(self, timeout_s: float) -> list[dict]:
         try:
@@ -448,7 +456,7 @@ class Driver:
     def _submit(self, pool: WorkerPool, attempt: Attempt, in_flight: InFlightBatches, refs: dict) -> None:
         attempt.slot = pool.least_loaded()
         attempt.actor = pool.actors[attempt.slot]
-        attempt.worker = f"{pool.name_prefix}-{attempt.slot}-{pool.generations[attempt.slot]}"
+        attempt.worker = pool.actor_name(attempt.slot)
         attempt.started_at, attempt.submitted = now(), time.monotonic()
         pool.outstanding[attempt.slot] += 1
         ref = attempt.actor.embed.remote(attempt.batch.batch_id, attempt.batch.texts)

@@ -54,8 +54,9 @@ def count_records(uri: str, fmt: str) -> int | None:
     if "://" in uri and not uri.startswith("file://"):
         return None
     with fsspec.open(uri, "rb", compression="infer") as f:
-        lines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-    return lines - 1 if fmt == "csv" else lines  # the CSV header is not a record
+        lines = sum(1 for line in f if line.strip())
+    # The CSV header is not a record; quoted multi-line CSV cells make this an estimate.
+    return lines - 1 if fmt == "csv" else lines
 
 
 def _read_jsonl(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:

