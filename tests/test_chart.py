@@ -16,7 +16,15 @@ import pytest
 import yaml
 
 from envtest.plugin import find_binaries
-from operator_fixtures import OperatorProcess, apply_job, create_database_secret, get_json, rayjobs, wait_for_condition, wait_until
+from operator_fixtures import (
+    OperatorProcess,
+    apply_job,
+    create_database_secret,
+    get_json,
+    rayjobs,
+    wait_for_condition,
+    wait_until,
+)
 from test_images import pinned_ray_version, pyproject, quickstart_rayjob
 
 REPO = Path(__file__).resolve().parent.parent
@@ -441,34 +449,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_operator_runs_as_the_chart_configures_it(kube, namespace, jobs_namespaces, kuberay_operator, tmp_path):
-    """``python -m controller`` with the Deployment's environment and the ServiceAccount's
-    token (no other rights): a job gets its RayJob, KubeRay takes it, the job is Accepted."""
-    jobs_namespace, _ = jobs_namespaces
-    objects = install(kube, namespace, {"watchNamespaces": [jobs_namespace]})
-    chart_env = {name: e["value"] for name, e in container_env(objects).items()}
-    health_port, metrics_port = free_port(), free_port()  # the pod's 8080/9090, on this shared machine
+def start_operator_as_the_chart_runs_it(kube, namespace: str, objects: list[dict], log_path: Path) -> OperatorProcess:
+    """``python -m controller`` with the chart's Deployment environment and the token of the
+    chart's ServiceAccount (its only rights); free local ports instead of the pod's 8080/9090."""
+    rendered = container_env(objects)
+    assert all("value" in e for e in rendered.values()), "values from Secrets are not resolved here"
+    health_port, metrics_port = free_port(), free_port()
     env = {name: value for name, value in os.environ.items() if not name.startswith("EMBEDJOB_")}
-    env |= chart_env | {
+    env |= {name: e["value"] for name, e in rendered.items()} | {
         "KUBECONFIG": chart_serviceaccount_kubeconfig(kube, namespace, objects),
         "EMBEDJOB_HEALTH_PORT": str(health_port),
         "EMBEDJOB_METRICS_PORT": str(metrics_port),
     }
-    operator = OperatorProcess(env=env, log_path=tmp_path / "operator.log",
-                               health_port=health_port, metrics_port=metrics_port)
+    operator = OperatorProcess(env=env, log_path=log_path, health_port=health_port, metrics_port=metrics_port)
+    return operator.start()
+
+
+def test_operator_runs_as_the_chart_configures_it(kube, namespace, jobs_namespaces, kuberay_operator, tmp_path):
+    """As the chart runs it: a job gets its RayJob, KubeRay takes it, the job is Accepted."""
+    jobs_namespace, _ = jobs_namespaces
+    objects = install(kube, namespace, {"watchNamespaces": [jobs_namespace]})
+    operator = start_operator_as_the_chart_runs_it(kube, namespace, objects, tmp_path / "operator.log")
     try:
-        operator.start()
         create_database_secret(kube, jobs_namespace, "postgresql://writer:secret@db.example:5432/embed")
         apply_job(kube, jobs_namespace, "quickstart")
         job = wait_for_condition(kube, jobs_namespace, "quickstart", "Accepted", timeout=60)
         (rayjob,) = rayjobs(kube, jobs_namespace)
         assert rayjob["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
         cluster = rayjob["spec"]["rayClusterSpec"]
-        assert cluster["rayVersion"] == chart_env["EMBEDJOB_RAY_VERSION"]
-        assert cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == chart_env["EMBEDJOB_WORKER_IMAGE"]
+        chart_env = container_env(objects)
+        assert cluster["rayVersion"] == chart_env["EMBEDJOB_RAY_VERSION"]["value"]
+        head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+        assert head["image"] == chart_env["EMBEDJOB_WORKER_IMAGE"]["value"]
         status = wait_until("KubeRay to start the RayJob's RayCluster", lambda: get_json(
             kube, "rayjob", rayjob["metadata"]["name"], "-n", jobs_namespace).get("status", {}).get("rayClusterName"))
         assert status
         assert "forbidden" not in operator.log().lower(), operator.log()[-3000:]
     finally:
         operator.stop()
+
