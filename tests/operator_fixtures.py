@@ -2,22 +2,29 @@
 
 - `ej_manifest(name, **spec)`: an EmbeddingJob manifest (JSON text) with a valid
   minimal spec, deep-merged with the given spec fields.
-- `operator_process`: starts `python -m controller` as a subprocess against the
+- `start_operator`: starts `python -m controller` as a subprocess against the
   test API server (restartable), see `OperatorProcess`.
-- `rayjob_runner`: the test-only stand-in for "KubeRay + kubelet", see `RayJobRunner`.
+- `kube_without_kuberay`, `standin_namespace`, `local_ray` and `RayJobRunner`: the
+  test-only stand-in for "KubeRay + kubelet" that runs RayJob entrypoints on a local Ray.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -127,7 +134,7 @@ def events_for(kube, namespace: str, name: str) -> list[dict]:
 # --- the operator as a subprocess ---------------------------------------------------
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -213,7 +220,7 @@ def start_operator(tmp_path):
     started: list[OperatorProcess] = []
 
     def start(kube, namespace: str, **extra_env: str) -> OperatorProcess:
-        health_port, metrics_port = _free_port(), _free_port()
+        health_port, metrics_port = free_port(), free_port()
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDJOB_")}
         env = {
             **inherited,
@@ -236,3 +243,188 @@ def start_operator(tmp_path):
     yield start
     for operator in started:
         operator.stop()
+
+
+# --- a control plane where KubeRay never runs ----------------------------------------
+
+
+@pytest.fixture(scope="session")
+def kube_without_kuberay(envtest_binaries, tmp_path_factory):
+    """A second envtest control plane (same binaries and CRDs) on which no KubeRay
+    operator runs, so that `RayJobRunner` is the only one acting on RayJobs there
+    (the session's `kuberay_operator` watches every namespace of `kube`)."""
+    from envtest.plugin import REPO_CRDS, start_control_plane
+
+    kube, processes = start_control_plane(tmp_path_factory.mktemp("standin-envtest"), envtest_binaries)
+    try:
+        wait_until("namespace default",
+                   lambda: kube.kubectl("get", "namespace", "default", check=False).returncode == 0, timeout=60)
+        kube.install_crds(sorted(kube.kuberay_crds.glob("*.yaml")) + sorted(REPO_CRDS.glob("*.yaml")))
+        yield kube
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+            process.wait(30)
+
+
+@pytest.fixture
+def standin_namespace(kube_without_kuberay, request):
+    name = "e2e-" + re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:6]
+    kube_without_kuberay.kubectl("create", "namespace", name)
+    return name
+
+
+# --- a local Ray and the stand-in for KubeRay + kubelet ------------------------------
+
+
+# For the local Ray head and everything that connects to it. Token authentication is
+# off: Ray turns it on when a token exists in ~/.ray, which other tests' clusters leave.
+RAY_CLIENT_ENV = {"HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+@pytest.fixture(scope="session")
+def local_ray(tmp_path_factory):
+    """A local Ray head (2 CPUs, no dashboard); yields its address for RAY_ADDRESS."""
+    port = free_port()
+    # Ray's socket paths must stay short: a temp dir right under /tmp.
+    temp_dir = tempfile.mkdtemp(prefix="ejray-", dir="/tmp")
+    log = tmp_path_factory.mktemp("ray") / "ray-head.log"
+    ray_cli = Path(sys.executable).with_name("ray")
+    env = {**os.environ, **RAY_CLIENT_ENV}
+    with open(log, "ab") as out:
+        head = subprocess.Popen(
+            [str(ray_cli), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+             "--node-ip-address=127.0.0.1",
+             "--include-dashboard=false", f"--temp-dir={temp_dir}", "--disable-usage-stats"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    address = f"127.0.0.1:{port}"
+
+    def listening() -> bool:
+        if head.poll() is not None:
+            raise AssertionError(f"ray start exited with {head.returncode}:\n{log.read_text()[-3000:]}")
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_until("the Ray head", listening, timeout=120, interval=0.5)
+        yield address
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(10)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _rfc3339_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass
+class RunningEntrypoint:
+    process: subprocess.Popen
+    log_path: Path
+
+
+class RayJobRunner:
+    """Test-only stand-in for "KubeRay + kubelet": runs each RayJob's own `entrypoint` as
+    a subprocess against a local Ray (RAY_ADDRESS) with the head container's env resolved
+    from its Secret, and reports status the way KubeRay does: jobDeploymentStatus
+    Initializing -> Running -> Complete | Failed (reason AppFailed), jobStatus PENDING ->
+    RUNNING -> SUCCEEDED | FAILED, rayClusterName, startTime, endTime and Ray's message.
+
+    It does not emulate suspension (a suspended RayJob is not started) or backoffLimit."""
+
+    def __init__(self, kube, namespace: str, ray_address: str, log_dir: Path, extra_env: dict[str, str]):
+        self.kube, self.namespace, self.ray_address = kube, namespace, ray_address
+        self.log_dir, self.extra_env = log_dir, extra_env
+        self.started: dict[str, RunningEntrypoint] = {}  # RayJob name -> its one run
+        self.finished: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rayjob-runner", daemon=True)
+        self.errors: list[BaseException] = []
+
+    def __enter__(self) -> "RayJobRunner":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        for run in self.started.values():
+            if run.process.poll() is None:
+                os.killpg(run.process.pid, signal.SIGKILL)
+                run.process.wait(10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for rayjob in get_json(self.kube, "rayjobs", "-n", self.namespace)["items"]:
+                    self._step(rayjob)
+            except BaseException as exc:  # surfaced by the test through `errors`
+                self.errors.append(exc)
+                return
+            self._stop.wait(0.3)
+
+    def _step(self, rayjob: dict) -> None:
+        name = rayjob["metadata"]["name"]
+        if name in self.finished or rayjob["metadata"].get("deletionTimestamp"):
+            return
+        if name not in self.started:
+            if not rayjob["spec"].get("suspend"):
+                self._start(rayjob)
+            return
+        code = self.started[name].process.poll()
+        if code is None:
+            return
+        self.finished.add(name)
+        if code == 0:
+            self._patch_status(name, jobDeploymentStatus="Complete", jobStatus="SUCCEEDED",
+                               message="Job finished successfully.", endTime=_rfc3339_now())
+        else:
+            tail = self.started[name].log_path.read_text(errors="replace")[-20000:]
+            self._patch_status(
+                name, jobDeploymentStatus="Failed", jobStatus="FAILED", reason="AppFailed", endTime=_rfc3339_now(),
+                message=f"Job entrypoint command failed with exit code {code}, last available logs "
+                        f"(truncated to 20,000 chars):\n{tail}",
+            )
+
+    def _start(self, rayjob: dict) -> None:
+        name = rayjob["metadata"]["name"]
+        self._patch_status(name, jobDeploymentStatus="Initializing", startTime=_rfc3339_now(),
+                           rayClusterName=f"{name}-{uuid.uuid4().hex[:5]}", jobId=f"{name}-{uuid.uuid4().hex[:6]}",
+                           dashboardURL=f"{name}-head-svc.{self.namespace}.svc.cluster.local:8265")
+        head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+        env = {
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "HOME": os.environ.get("HOME", "/tmp"),
+            **RAY_CLIENT_ENV,
+            "RAY_ADDRESS": self.ray_address,
+            **self._container_env(head),
+            **self.extra_env,
+        }
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(["bash", "-c", rayjob["spec"]["entrypoint"]], cwd=REPO, env=env,
+                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.started[name] = RunningEntrypoint(process, log_path)
+        self._patch_status(name, jobDeploymentStatus="Running", jobStatus="PENDING")
+        self._patch_status(name, jobStatus="RUNNING")
+
+    def _container_env(self, container: dict) -> dict[str, str]:
+        env = {}
+        for var in container.get("env", []):
+            if "value" in var:
+                env[var["name"]] = var["value"]
+                continue
+            ref = var["valueFrom"]["secretKeyRef"]
+            secret = get_json(self.kube, "secret", ref["name"], "-n", self.namespace)
+            env[var["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
+        return env
+
+    def _patch_status(self, name: str, **fields: str) -> None:
+        self.kube.kubectl("patch", "rayjob", name, "-n", self.namespace, "--subresource=status", "--type=merge",
+                          "-p", json.dumps({"status": fields}))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import socket
 import uuid
 
 import pytest
@@ -11,6 +10,7 @@ import sqlalchemy as sa
 
 from controller.progress import ProgressReader, ProgressUnavailable, engine_url
 from embedjob.db import migrate, runs
+from operator_fixtures import free_port
 
 
 def _run_row(job_key: str, started_at: dt.datetime, **counters) -> dict:
@@ -54,10 +54,7 @@ def test_before_the_first_migration_there_is_no_progress(database_url):
 
 
 def test_database_outage_is_reported_without_credentials():
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    reader = ProgressReader(f"postgresql://reader:s3cret-pw@127.0.0.1:{port}/embed")
+    reader = ProgressReader(f"postgresql://reader:s3cret-pw@127.0.0.1:{free_port()}/embed")  # nobody listens there
     try:
         with pytest.raises(ProgressUnavailable) as info:
             reader.latest("uid-1")

@@ -13,6 +13,7 @@ from operator_fixtures import (
     condition,
     create_database_secret,
     events_for,
+    free_port,
     get_json,
     rayjobs,
     wait_for_condition,
@@ -161,3 +162,20 @@ def test_deletion_is_bounded_when_the_rayjob_hangs(kube, namespace, start_operat
     assert warnings and warnings[0]["type"] == "Warning"
     assert get_json(kube, "rayjob", held, "-n", namespace)["metadata"]["deletionTimestamp"]
     kube.kubectl("patch", "rayjob", held, "-n", namespace, "--type=merge", "-p", '{"metadata": {"finalizers": null}}')
+
+
+def test_database_outage_degrades_progress_only(kube_without_kuberay, standin_namespace, start_operator):
+    kube, namespace = kube_without_kuberay, standin_namespace
+    dead = f"postgresql://reader:reader-secret@127.0.0.1:{free_port()}/embed"  # nobody listens there
+    start_operator(kube, namespace, EMBEDJOB_DATABASE_URL=dead)
+    create_database_secret(kube, namespace, DB_URL)
+    apply_job(kube, namespace, "blind")
+    name = the_rayjob(kube, namespace)["metadata"]["name"]
+    # What KubeRay reports once the job runs (no KubeRay runs on this control plane).
+    kube.kubectl("patch", "rayjob", name, "-n", namespace, "--subresource=status", "--type=merge", "-p",
+                 json.dumps({"status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}}))
+
+    job = wait_for_condition(kube, namespace, "blind", "Running", timeout=30)
+    message = condition(job, "Running")["message"]
+    assert message.startswith("progress unavailable: OperationalError") and "reader-secret" not in message
+    assert job["status"]["state"] == "Running" and condition(job, "Failed")["status"] == "False"
