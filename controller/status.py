@@ -27,7 +27,7 @@ MAX_MIRRORED_MESSAGE = 4096
 # The driver's exit codes (embedjob_worker.driver) as KubeRay reports them in the
 # RayJob's message ("Job entrypoint command failed with exit code 2, ...").
 EXIT_CODE = re.compile(r"exit code (\d+)")
-DRIVER_EXIT_REASONS = {2: "InvalidSpec", 3: "BackendUnreachable"}
+DRIVER_EXIT_REASONS = {2: "InvalidSpec", 3: "RayUnavailable", 4: "DatabaseUnavailable"}
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,29 @@ record_errors = sa.Table(
 )
 
 
+# One row per job that uses a detached actor pool on a shared Ray cluster
+# (spec.clusterSelector). A lease is live while it is not released and its heartbeat is
+# fresh; the operator removes a pool's actors only when none of its leases is live, and
+# marks the leases it covered with `pool_removed_at` (a later lease starts a new pool).
+pool_leases = sa.Table(
+    "embedjob_pool_leases",
+    metadata,
+    sa.Column("lease_id", sa.String(36), primary_key=True),
+    sa.Column("pool", sa.String(64), nullable=False),
+    # `<namespace>/<RayCluster name>`: where the operator finds the cluster's dashboard.
+    sa.Column("cluster", sa.String(317), nullable=False),
+    sa.Column("job_key", sa.String(300), nullable=False),
+    sa.Column("job_name", sa.String(253), nullable=False),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("actors", sa.Integer, nullable=False),  # pool slots this job uses: <pool>-0 .. <pool>-(actors-1)
+    _ts("acquired_at", nullable=False, server_default=sa.func.now()),
+    _ts("heartbeat_at", nullable=False, server_default=sa.func.now()),
+    _ts("released_at"),
+    _ts("pool_removed_at"),
+    sa.Index("ix_embedjob_pool_leases_pool", "cluster", "pool"),
+)
+
+
 def vectors_table(name: str, dim: int, meta: sa.MetaData | None = None) -> sa.Table:
     """The user's vectors table: one row per (collection, record id, model, revision)."""
     return sa.Table(
@@ -137,6 +160,15 @@ def vectors_table(name: str, dim: int, meta: sa.MetaData | None = None) -> sa.Ta
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 # Serialises concurrent migrations (several drivers starting at once).
 _MIGRATION_LOCK_ID = 0x656D6264  # "embd"
+# First key of the two-key advisory locks that serialise a pool's lease acquisition
+# (driver) against its removal (operator); the second key is hashtext(cluster/pool).
+# Two-key locks live in a key space apart from the one-key locks above.
+POOL_LOCK_CLASS = 0x706F6F6C  # "pool"
+
+
+def pool_lock_sql(kind: str) -> sa.TextClause:
+    """`SELECT pg_advisory_<kind>(...)` on the pool's lock; binds :cluster and :pool."""
+    return sa.text(f"SELECT {kind}({POOL_LOCK_CLASS}, hashtext(:cluster || '/' || :pool))")
 
 
 def migrate(url: str) -> None:

@@ -161,7 +161,7 @@ def test_progress_unavailable_is_reported_not_failed():
         (rayjob("Complete", "FAILED", message="Job entrypoint command failed with exit code 2, last logs"), None,
          "InvalidSpec"),
         (rayjob("Complete", "FAILED", message="Job entrypoint command failed with exit code 3"), None,
-         "BackendUnreachable"),
+         "RayUnavailable"),
         (rayjob("Complete", "STOPPED"), None, "RayJobStopped"),
         (rayjob("Failed", "", reason="SubmissionFailed", message="submitter failed"), None, "RayJobFailed"),
         (rayjob("ValidationFailed", message="spec invalid"), None, "RayJobValidationFailed"),

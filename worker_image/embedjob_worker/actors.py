@@ -30,14 +30,16 @@ class EmbeddingWorker:
         started = time.monotonic()
         self.model = load_model(resolved, device="cuda" if num_gpus > 0 else "cpu")
         self.load_seconds = time.monotonic() - started
+        # Wall clock: a job that reuses a pool actor sees when another job loaded the model.
+        self.loaded_at = time.time()
         self.name = resolved.name
         # Recomputed from the files this actor actually loaded, not copied from the driver.
         self.revision = weights_revision(resolved.location) if resolved.hub_revision is None else resolved.hub_revision
         self.normalize = resolved.normalize
         self.max_tokens = self.model.max_seq_length
         self.faults = fault_injection or {}
-        actor_id = ray.get_runtime_context().get_actor_id() or ""
-        self.worker_id = f"{socket.gethostname()}/{os.getpid()}/{actor_id[:8]}"[:128]
+        self.actor_id = ray.get_runtime_context().get_actor_id() or ""
+        self.worker_id = f"{socket.gethostname()}/{os.getpid()}/{self.actor_id[:8]}"[:128]
 
     def info(self) -> dict[str, Any]:
         return {
@@ -48,6 +50,8 @@ class EmbeddingWorker:
             else self.model.get_sentence_embedding_dimension(),
             "max_tokens": self.max_tokens,
             "load_seconds": self.load_seconds,
+            "loaded_at": self.loaded_at,
+            "actor_id": self.actor_id,
             "worker": self.worker_id,
         }
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from embedjob.api import SpecError
 
 from .config import JobConfig
-from .driver import DATABASE_URL_ENV, EXIT_INVALID_CONFIG, EXIT_JOB_FAILED, EXIT_SUCCEEDED, EXIT_UNREACHABLE
+from .driver import DATABASE_URL_ENV, EXIT_INVALID_CONFIG, EXIT_JOB_FAILED, EXIT_SUCCEEDED, unreachable_exit_code
 from .errors import Unreachable
 from .logs import configure_logging, mask_url
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             return _run(config, url, args) if args.command == "run" else _search(config, url, args)
         except Unreachable as exc:
             print(f"embedjob: {exc}", file=sys.stderr)
-            return EXIT_UNREACHABLE
+            return unreachable_exit_code(exc)
 
 
 def _local_database(stack: ExitStack) -> str:

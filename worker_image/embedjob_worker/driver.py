@@ -6,7 +6,7 @@ Cluster mode (the RayJob entrypoint, see docs/driver.md):
 
 connects only to the given Ray cluster (never starts one) and reads the database URL
 from EMBEDJOB_DATABASE_URL. Exit codes: 0 succeeded, 1 job failed (the run row says
-why), 2 invalid config, 3 Ray or the database unreachable.
+why), 2 invalid config, 3 Ray unreachable, 4 the database unreachable.
 """
 
 from __future__ import annotations
@@ -38,17 +38,18 @@ from embedjob.jobconfig import decode_job_config
 from .actors import EmbeddingWorker
 from .batching import Batch, InFlightBatches, batch_key, make_batches
 from .config import JobConfig, config_fingerprint
-from .errors import JobFailed, Unreachable
+from .errors import JobFailed, RayUnreachable, Unreachable
 from .logs import configure_logging, log_event, mask_url
 from .metrics import DriverMetrics
 from .model import ResolvedModel, resolve_model
+from .pools import POOL_NAMESPACE, acquire_lease, pool_actor_name, pool_name, release_lease, shared_cluster
 from .records import BadReason, BadRecord, Record, RawRecord, classify_records
 from .sink import AttemptRow, BatchOutcome, PostgresSink, content_salt, now
 from .source import input_fingerprint, read_records, resolve_uri
 
 log = logging.getLogger("embedjob_worker.driver")
 
-EXIT_SUCCEEDED, EXIT_JOB_FAILED, EXIT_INVALID_CONFIG, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_SUCCEEDED, EXIT_JOB_FAILED, EXIT_INVALID_CONFIG, EXIT_RAY_UNREACHABLE, EXIT_DATABASE_UNREACHABLE = 0, 1, 2, 3, 4
 DATABASE_URL_ENV = "EMBEDJOB_DATABASE_URL"
 # Test hook, JSON passed to every actor; see EmbeddingWorker.
 FAULT_INJECTION_ENV = "EMBEDJOB_FAULT_INJECTION"
@@ -87,6 +88,7 @@ class RunSummary:
     batch_latencies: list[float] = field(default_factory=list)
     model_load_seconds: float = 0.0
     elapsed_seconds: float = 0.0
+    workers: list[dict] = field(default_factory=list)  # each actor's info(): actor id, when it loaded the model
 
     def latency_percentile(self, q: float) -> float:
         if not self.batch_latencies:
@@ -220,14 +222,25 @@ def worker_actor_name(job_key: str, slot: int, generation: int) -> str:
 
 
 class WorkerPool:
-    """`replicas` EmbeddingWorker actors; a dead one is replaced by a fresh one in its slot."""
+    """`replicas` EmbeddingWorker actors; a dead one is replaced by a fresh one in its slot.
 
-    def __init__(self, config: JobConfig, resolved: ResolvedModel, fault_injection: dict | None):
+    With `shared_pool` (a job on an existing cluster) the actors are the detached pool's
+    `<pool>-<slot>`, got if they exist (another job's, model loaded) or created; they
+    outlive this job and are removed by the operator once no job leases the pool.
+    Without, they are this job's own and are killed at its end.
+    """
+
+    def __init__(self, config: JobConfig, resolved: ResolvedModel, fault_injection: dict | None,
+                 shared_pool: str | None = None):
         workers = config.spec.workers
         self._actor_class = ray.remote(EmbeddingWorker)
+        self.shared_pool = shared_pool
         # Retries are the driver's (bounded, recorded); Ray must not silently restart or re-run.
         self._actor_options = dict(num_cpus=workers.cpus_per_actor, num_gpus=workers.gpus_per_actor,
                                    max_restarts=0, max_task_retries=0)
+        if shared_pool:
+            # get_if_exists: jobs starting together end up with the same actors, not a name clash.
+            self._actor_options.update(lifetime="detached", namespace=POOL_NAMESPACE, get_if_exists=True)
         self._args = (resolved, workers.cpus_per_actor, workers.gpus_per_actor, fault_injection)
         self.job_key = config.job_key
         self.generations = [0] * workers.replicas
@@ -239,6 +252,8 @@ class WorkerPool:
         return self._actor_class.options(name=name, **self._actor_options).remote(*self._args)
 
     def actor_name(self, slot: int) -> str:
+        if self.shared_pool:  # a dead pool actor's name is free again: its replacement takes it
+            return pool_actor_name(self.shared_pool, slot)
         return worker_actor_name(self.job_key, slot, self.generations[slot])
 
     def wait_ready(self, timeout_s: float) -> list[dict]:
@@ -259,6 +274,8 @@ class WorkerPool:
             self.actors[slot] = self._start(slot)
 
     def shutdown(self) -> None:
+        if self.shared_pool:
+            return
         for actor in self.actors:
             ray.kill(actor)
 
@@ -334,10 +351,18 @@ class Driver:
     def _embed(self, resolved: ResolvedModel, uri: str, key: str, run_id: str) -> None:
         spec = self.spec
         succeeded_before = self.sink.succeeded_batches()
+        cluster = shared_cluster(self.config)
+        shared_pool = pool_name(resolved, spec.workers.cpus_per_actor, spec.workers.gpus_per_actor) if cluster else None
+        if shared_pool:
+            # Leased before any actor is touched, so the operator never removes the pool under us.
+            self.sink.lease_id = acquire_lease(self.sink.engine, shared_pool, cluster, self.config,
+                                               spec.workers.replicas)
+            log_event(log, "pool_leased", pool=shared_pool, cluster=cluster, lease=self.sink.lease_id)
         writer = SinkWriter(self.sink, run_id, self.progress, spec.retry.attempts_per_batch)
-        pool = WorkerPool(self.config, resolved, self.options.fault_injection)
+        pool = WorkerPool(self.config, resolved, self.options.fault_injection, shared_pool)
         try:
             infos = pool.wait_ready(self.options.workers_ready_timeout_s)
+            self.summary.workers = infos
             for info in infos:
                 self._check_model(info, resolved)
             self.max_tokens = infos[0]["max_tokens"]
@@ -345,6 +370,7 @@ class Driver:
             self.summary.model_load_seconds = max(i["load_seconds"] for i in infos)
             self.metrics.model_load_seconds.set(self.summary.model_load_seconds)
             log_event(log, "workers_ready", replicas=len(infos), load_seconds=round(self.summary.model_load_seconds, 2),
+                      actors=",".join(i["actor_id"] for i in infos),
                       dimension=infos[0]["dimension"], skipping=len(succeeded_before))
             with self.progress.lock:
                 self.progress.embedding_started = time.monotonic()
@@ -354,10 +380,19 @@ class Driver:
         finally:
             writer.close()
             pool.shutdown()
+            self._release_lease()
         if writer.error is not None:
             self._finish(run_id, JobFailed("DatabaseUnavailable", f"writing to the database failed: {writer.error}"))
         else:
             self._finish(run_id, self.failure)
+
+    def _release_lease(self) -> None:
+        if self.sink.lease_id is None:
+            return
+        try:
+            release_lease(self.sink.engine, self.sink.lease_id)
+        except _DB_ERRORS as exc:  # the lease stops being live when its heartbeat expires
+            log_event(log, "pool_release_failed", logging.WARNING, lease=self.sink.lease_id, error=str(exc)[:300])
 
     def _check_model(self, result: dict, resolved: ResolvedModel) -> None:
         if (result["model"], result["revision"]) != (resolved.name, resolved.revision):
@@ -568,6 +603,11 @@ def fault_injection_from_env() -> dict | None:
     return json.loads(value) if value else None
 
 
+def unreachable_exit_code(exc: Unreachable) -> int:
+    """3 for Ray, 4 for the database: the operator turns them into RayUnavailable / DatabaseUnavailable."""
+    return EXIT_RAY_UNREACHABLE if isinstance(exc, RayUnreachable) else EXIT_DATABASE_UNREACHABLE
+
+
 def connect_ray(address: str, timeout_s: float = 10.0) -> None:
     """Connect to an existing Ray cluster only; fail fast instead of starting a local one."""
     if address != "auto":
@@ -576,11 +616,13 @@ def connect_ray(address: str, timeout_s: float = 10.0) -> None:
         try:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
         except (OSError, ValueError) as exc:
-            raise Unreachable(f"cannot reach the Ray cluster at {address}: {exc}") from None
+            raise RayUnreachable(f"cannot reach the Ray cluster at {address}: {exc}") from None
     try:
         ray.init(address=address, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise Unreachable(f"cannot connect to the Ray cluster at {address}: {exc}") from None
+        # A cluster with token authentication refuses a missing or wrong RAY_AUTH_TOKEN the same way.
+        raise RayUnreachable(f"cannot connect to the Ray cluster at {address} (token authentication: is "
+                             f"RAY_AUTH_TOKEN the cluster's?): {exc}") from None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -613,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     if not address:
         print("no Ray cluster given: pass --ray-address or set RAY_ADDRESS (the driver never starts Ray itself)",
               file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return EXIT_RAY_UNREACHABLE
     log_event(log, "driver_starting", job=config.job_key, ray_address=address, database=mask_url(database_url))
     try:
         connect_ray(address)
@@ -625,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     except Unreachable as exc:
         log_event(log, "unreachable", logging.ERROR, error=str(exc))
         print(str(exc), file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return unreachable_exit_code(exc)
     return EXIT_SUCCEEDED if summary.state == "succeeded" else EXIT_JOB_FAILED
 
 

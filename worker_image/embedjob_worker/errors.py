@@ -10,4 +10,8 @@ class JobFailed(Exception):
 
 
 class Unreachable(Exception):
-    """Ray or PostgreSQL cannot be reached; the run row may not be writable."""
+    """PostgreSQL (or, as RayUnreachable, Ray) cannot be reached; the run row may not be writable."""
+
+
+class RayUnreachable(Unreachable):
+    """The Ray cluster the driver was given cannot be reached (exit 3, never a local Ray instead)."""

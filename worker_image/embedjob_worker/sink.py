@@ -22,6 +22,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from embedjob import db
 
 from .errors import JobFailed
+from .pools import heartbeat_lease
 from .records import BadRecord, Record
 
 _STAGING_DDL = (
@@ -123,6 +124,7 @@ class PostgresSink:
         self.job_key, self.collection, self.table, self.salt = job_key, collection, table, salt
         self.merge_sql = _MERGE_SQL.format(table=table)
         self.model = self.revision = None  # set by start_run
+        self.lease_id: str | None = None  # the run's pool lease, heart-beaten with the run
 
     def migrate(self) -> None:
         db.migrate(sqlalchemy_url(self.url))
@@ -212,6 +214,8 @@ class PostgresSink:
                      "batch_id": e.batch_id, "reason": e.reason.value, "detail": e.detail} for e in errors])
             conn.execute(db.runs.update().where(db.runs.c.run_id == run_id)
                          .values(heartbeat_at=sa.func.now(), **progress))
+            if self.lease_id is not None:
+                heartbeat_lease(conn, self.lease_id)
 
     def _write_batches(self, conn: sa.Connection, run_id: str, outcomes: list[BatchOutcome]) -> None:
         rows = [{
