@@ -17,8 +17,9 @@ from embedjob import api
 from . import handlers  # noqa: F401  (registers the handlers with kopf)
 from . import metrics
 from .kube import Cluster
+from .pools import LeaseStore, PoolSweeper
 from .progress import ProgressReader
-from .reconcile import Context, Wakeups
+from .reconcile import Context, StatusKeeper
 from .settings import Settings
 
 FINALIZER = f"{api.GROUP}/cleanup"
@@ -43,27 +44,38 @@ def main() -> None:
     kopf.configure(log_format=LOG_FORMATS[settings.log_format])
     metrics.serve(settings.metrics_port)
     progress = ProgressReader(settings.database_url) if settings.database_url else None
+    leases = LeaseStore(settings.database_url) if settings.database_url else None
+    cluster = Cluster.from_environment()
     context = Context(
         settings=settings,
-        cluster=Cluster.from_environment(),
+        cluster=cluster,
         progress=progress,
-        wakeups=Wakeups(),
         job_states=metrics.JobStates(),
+        pools=PoolSweeper(settings, cluster, leases) if leases is not None else None,
     )
     try:
-        asyncio.run(
-            kopf.operator(
-                settings=kopf_settings(),
-                standalone=True,
-                clusterwide=settings.clusterwide,
-                namespaces=list(settings.watch_namespaces),
-                liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
-                memo=kopf.Memo(context=context),
-            )
+        asyncio.run(run(settings, context))
+    finally:
+        for store in (progress, leases):
+            if store is not None:
+                store.close()
+
+
+async def run(settings: Settings, context: Context) -> None:
+    """kopf's operator, and beside it the sweep of idle actor pools."""
+    sweep = asyncio.create_task(context.pools.run()) if context.pools is not None else None
+    try:
+        await kopf.operator(
+            settings=kopf_settings(),
+            standalone=True,
+            clusterwide=settings.clusterwide,
+            namespaces=list(settings.watch_namespaces),
+            liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
+            memo=kopf.Memo(context=context, keeper=StatusKeeper(context, handlers.post_event)),
         )
     finally:
-        if progress is not None:
-            progress.close()
+        if sweep is not None:
+            sweep.cancel()
 
 
 if __name__ == "__main__":

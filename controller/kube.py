@@ -7,6 +7,7 @@ loop (and with it every other job) never waits on one request.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from typing import Any
 
 import kubernetes
@@ -15,6 +16,9 @@ from kubernetes.client.exceptions import ApiException
 from embedjob import api
 
 from .rayjob import RAY_GROUP, RAY_PLURAL, RAY_VERSION
+
+RAYCLUSTERS = "rayclusters"
+EVENT_SOURCE = "embedjob-operator"
 
 NOT_FOUND, CONFLICT = 404, 409
 
@@ -78,6 +82,36 @@ class Cluster:
                 return True
             raise
         return False
+
+    async def get_raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await asyncio.to_thread(
+                self._custom.get_namespaced_custom_object, RAY_GROUP, RAY_VERSION, namespace, RAYCLUSTERS, name
+            )
+        except ApiException as exc:
+            if exc.status == NOT_FOUND:
+                return None
+            raise
+
+    async def list_job_uids(self, namespace: str) -> set[str]:
+        """The uids of the EmbeddingJobs that exist in the namespace."""
+        jobs = await asyncio.to_thread(
+            self._custom.list_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL
+        )
+        return {job["metadata"]["uid"] for job in jobs.get("items", [])}
+
+    async def post_job_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+        """A Normal Event on the EmbeddingJob, for what the operator did outside a handler."""
+        now = dt.datetime.now(dt.UTC)
+        event = kubernetes.client.CoreV1Event(
+            metadata=kubernetes.client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
+            involved_object=kubernetes.client.V1ObjectReference(
+                api_version=api.API_VERSION, kind=api.KIND, name=name, namespace=namespace, uid=uid),
+            reason=reason, message=message[:1024], type="Normal", count=1,
+            first_timestamp=now, last_timestamp=now,
+            source=kubernetes.client.V1EventSource(component=EVENT_SOURCE),
+        )
+        await asyncio.to_thread(self._core.create_namespaced_event, namespace, event)
 
     async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         """JSON-merge-patch the EmbeddingJob's status subresource; return the new status."""

@@ -15,6 +15,8 @@ ERRORS = Counter("embedjob_reconcile_errors_total", "Handler runs that raised, b
                  ["handler", "error"])
 LATENCY = Histogram("embedjob_reconcile_duration_seconds", "Handler run time, by handler.", ["handler"],
                     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+POOL_REMOVALS = Counter("embedjob_pool_removals_total",
+                        "Detached actor pools removed from shared Ray clusters, by reason.", ["reason"])
 JOBS = Gauge("embedjob_jobs", "EmbeddingJobs this operator tracks, by state.", ["state"])
 
 

@@ -126,6 +126,9 @@ def _cluster_spec(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Set
     layout = worker_layout(spec.workers)
     return {
         "rayVersion": settings.ray_version,
+        # KubeRay generates the token into a Secret named like the RayCluster and gives it to
+        # every Ray container and the submitter; the operator never needs to read it.
+        "authOptions": {"mode": "token"},
         "headGroupSpec": {
             "rayStartParams": {"num-cpus": "0"},
             "template": {

@@ -1,47 +1,33 @@
-"""What the handlers do, over the pure modules: review and launch, track status, clean up.
+"""What the handlers do, over the pure modules: review and launch, keep status, clean up.
 
 `launch` makes sure one EmbeddingJob has exactly one RayJob: its name is a function of
 the job's uid, an existing RayJob (from the watch index, or the 409 of a create) is
 adopted only when this job owns it, and a finished job never gets a new one.
-`track` is the only writer of the job's status.
+`StatusKeeper` is the only writer of the jobs' status.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from . import acceptance, metrics, status
 from .acceptance import ACCEPTED, Verdict
 from .kube import Cluster
 from .metrics import JobStates
+from .pools import PoolSweeper
 from .progress import ProgressReader, ProgressUnavailable
 from .rayjob import build_rayjob, owned_by, rayjob_name
 from .settings import Settings
 
+log = logging.getLogger("controller.reconcile")
+
 # KubeRay deployment states in which the driver reports progress (or has reported its last).
 PROGRESS_STATES = ("Running", "Complete", "Failed")
-
-
-class Wakeups:
-    """Per-job events that wake a job's status tracker early (a RayJob changed, a review ended)."""
-
-    def __init__(self) -> None:
-        self._events: dict[str, asyncio.Event] = {}
-
-    def register(self, uid: str) -> asyncio.Event:
-        return self._events.setdefault(uid, asyncio.Event())
-
-    def wake(self, uid: str | None) -> None:
-        event = self._events.get(uid) if uid else None
-        if event is not None:
-            event.set()
-
-    def forget(self, uid: str) -> None:
-        self._events.pop(uid, None)
 
 
 @dataclass
@@ -51,8 +37,13 @@ class Context:
     settings: Settings
     cluster: Cluster
     progress: ProgressReader | None
-    wakeups: Wakeups
     job_states: JobStates
+    pools: PoolSweeper | None = None  # None without EMBEDJOB_DATABASE_URL: no pool leases to read
+
+    def pool_released(self, spec: dict[str, Any]) -> None:
+        """A job on a shared cluster ended or went away: its pool may become idle."""
+        if self.pools is not None and spec.get("clusterSelector"):
+            self.pools.wake()
 
 
 def own_rayjob(candidates: Iterable[dict[str, Any]], job_uid: str) -> dict[str, Any] | None:
@@ -121,43 +112,73 @@ async def sync_status(job: dict[str, Any], current: dict[str, Any], obs: status.
     return stored, status.transitions(current, desired)
 
 
-@dataclass
-class Tracker:
-    """Inputs of `track` that kopf provides per job (live views, read on every round)."""
+class StatusKeeper:
+    """The only writer of EmbeddingJob status, one sync at a time per job.
 
-    job: Callable[[], dict[str, Any]]  # the job as kopf saw it last
-    rayjobs: Callable[[], Iterable[dict[str, Any]]]  # RayJobs labelled with the job's uid
-    verdict: Callable[[], Verdict | None]  # the latest review of this operator
-    stopped: Callable[[], bool]
-    sleep: Callable[[asyncio.Event, float], Awaitable[None]]
-    emit: Callable[[status.Transition], None]  # post an Event
+    A sync is asked for by a review, by a change of the job's RayJob and, for jobs not
+    yet finished, by a periodic refresh (progress, and recovery from a failed write).
+    The jobs and their RayJobs come from kopf's watch indexes; the status this keeper
+    wrote last is fresher than the watched one, which may not have caught up yet.
+    """
 
+    def __init__(self, ctx: Context, emit: Callable[[dict[str, Any], status.Transition], None]):
+        self._ctx, self._emit = ctx, emit
+        self._jobs: Mapping[str, Iterable[dict[str, Any]]] = {}
+        self._rayjobs: Mapping[str, Iterable[dict[str, Any]]] = {}
+        self._verdicts: dict[str, Verdict] = {}
+        self._written: dict[str, dict[str, Any]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._refresher: asyncio.Task | None = None
 
-async def track(tracker: Tracker, ctx: Context) -> None:
-    """Keep the job's status up to date until it is final (or the operator stops)."""
-    job = tracker.job()
-    uid = job["metadata"]["uid"]
-    wakeup = ctx.wakeups.register(uid)
-    # This loop is the only writer of the status: what it wrote last is fresher than
-    # the watched body, which may not have caught up yet.
-    current = job.get("status") or {}
-    try:
-        while not tracker.stopped():
-            wakeup.clear()
-            job = tracker.job()
-            rayjob = own_rayjob(tracker.rayjobs(), uid)
-            with metrics.reconcile("status"):
-                obs = await observe(job, current, rayjob, tracker.verdict(), ctx)
-                current, changes = await sync_status(job, current, obs, ctx)
-            for change in changes:
-                tracker.emit(change)
-            if current.get("state"):
-                ctx.job_states.set(uid, current["state"])
-            if status.is_final(current):
+    def attach(self, jobs: Mapping[str, Iterable[dict[str, Any]]],
+               rayjobs: Mapping[str, Iterable[dict[str, Any]]]) -> None:
+        """The live indexes: job uid -> [job summary], job uid -> [its RayJobs]."""
+        self._jobs, self._rayjobs = jobs, rayjobs
+
+    def note_verdict(self, uid: str, verdict: Verdict) -> None:
+        self._verdicts[uid] = verdict
+
+    def forget(self, uid: str) -> None:
+        for memory in (self._verdicts, self._written, self._locks):
+            memory.pop(uid, None)
+
+    async def sync(self, uid: str) -> None:
+        async with self._locks.setdefault(uid, asyncio.Lock()):
+            job = next(iter(self._jobs.get(uid, ())), None)
+            if job is None:
                 return
-            await tracker.sleep(wakeup, ctx.settings.progress_interval_seconds)
-    finally:
-        ctx.wakeups.forget(uid)
+            current = self._written.get(uid, job.get("status") or {})
+            rayjob = own_rayjob(self._rayjobs.get(uid, ()), uid)
+            with metrics.reconcile("status"):
+                obs = await observe(job, current, rayjob, self._verdicts.get(uid), self._ctx)
+                stored, changes = await sync_status(job, current, obs, self._ctx)
+            self._written[uid] = stored
+            for change in changes:
+                self._emit(job, change)
+            if stored.get("state"):
+                self._ctx.job_states.set(uid, stored["state"])
+            if status.is_final(stored) and not status.is_final(current):
+                self._ctx.pool_released(job["spec"])
+
+    def unfinished(self) -> list[str]:
+        return [uid for uid, jobs in self._jobs.items()
+                if not any(status.is_final(self._written.get(uid, job.get("status") or {})) for job in jobs)]
+
+    async def _refresh_forever(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            for uid in self.unfinished():
+                try:
+                    await self.sync(uid)
+                except Exception:  # counted by metrics.reconcile; the next round retries
+                    log.exception("status refresh of job %s failed", uid)
+
+    def start(self) -> None:
+        self._refresher = asyncio.create_task(self._refresh_forever(self._ctx.settings.progress_interval_seconds))
+
+    def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
 
 
 # How often the finalizer looks whether the RayJob is gone.
@@ -169,6 +190,7 @@ async def cleanup(job: dict[str, Any], ctx: Context) -> bool:
     gone; False when it is still there after EMBEDJOB_CLEANUP_TIMEOUT_SECONDS."""
     meta = job["metadata"]
     ctx.job_states.forget(meta["uid"])
+    ctx.pool_released(job["spec"])
     name = (job.get("status") or {}).get("rayJobName") or rayjob_name(meta["name"], meta["uid"])
     deadline = time.monotonic() + ctx.settings.cleanup_timeout_seconds
     while not await ctx.cluster.delete_rayjob(meta["namespace"], name):

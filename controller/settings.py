@@ -40,6 +40,9 @@ class Settings:
     log_format: str  # json | plain
     cleanup_timeout_seconds: float
     retry_delay_seconds: float
+    pool_idle_seconds: float  # a pool no job leases is removed after this long (docs/pools.md)
+    pool_sweep_seconds: float
+    pool_lease_expiry_seconds: float  # a lease whose heartbeat is older is no longer live
 
     @property
     def clusterwide(self) -> bool:
@@ -77,4 +80,8 @@ class Settings:
             log_format=log_format,
             cleanup_timeout_seconds=number("EMBEDJOB_CLEANUP_TIMEOUT_SECONDS", 120.0, 0),
             retry_delay_seconds=number("EMBEDJOB_RETRY_DELAY_SECONDS", 30.0, 0.1),
+            pool_idle_seconds=number("EMBEDJOB_POOL_IDLE_SECONDS", 600.0, 0),
+            pool_sweep_seconds=number("EMBEDJOB_POOL_SWEEP_SECONDS", 60.0, 0.1),
+            # Drivers heartbeat every 5 s; a minute of silence is a dead driver, not a slow one.
+            pool_lease_expiry_seconds=number("EMBEDJOB_POOL_LEASE_EXPIRY_SECONDS", 60.0, 1),
         )

@@ -1,0 +1,144 @@
+"""Detached actor pools on a shared Ray cluster: the driver's side (real Ray head with its
+dashboard and token authentication, the packaged model, PostgreSQL), and the operator's
+pure decisions (pool names, the dashboard address, when a pool may go)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+from controller.pools import (
+    HEARTBEAT_EXPIRED,
+    IDLE,
+    JOB_DELETED,
+    Lease,
+    auth_secret_name,
+    dashboard_url,
+    removal_entrypoint,
+    removal_reason,
+)
+from embedjob_worker.model import ResolvedModel
+from embedjob_worker.pools import pool_actor_name, pool_name
+from pool_fixtures import PACKAGED_MODEL, other_revision_model, sample_input, shared_job
+
+MODEL = ResolvedModel("m", "rev1", "/models/m", None, True, None)
+
+
+def test_pool_names_separate_models_revisions_and_resources():
+    same = pool_name(MODEL, 1, 0)
+    assert same == pool_name(ResolvedModel("m", "rev1", "/elsewhere/m", None, True, None), 1.0, 0.0)
+    others = {
+        pool_name(ResolvedModel("m", "rev2", "/models/m", None, True, None), 1, 0),
+        pool_name(ResolvedModel("n", "rev1", "/models/m", None, True, None), 1, 0),
+        pool_name(ResolvedModel("m", "rev1", "/models/m", None, False, None), 1, 0),
+        pool_name(ResolvedModel("m", "rev1", "/models/m", None, True, 128), 1, 0),
+        pool_name(MODEL, 2, 0),
+        pool_name(MODEL, 1, 0.5),
+    }
+    assert same not in others and len(others) == 6
+    assert same.startswith("pool-") and len(same) == len("pool-") + 16
+    assert pool_actor_name(same, 3) == f"{same}-3"
+
+
+def test_dashboard_address_and_token_secret_come_from_the_raycluster():
+    bare = {"metadata": {"name": "shared", "namespace": "team"}, "spec": {}}
+    assert dashboard_url(bare) == "http://shared-head-svc.team.svc:8265"
+    assert auth_secret_name(bare) is None
+    reported = {**bare, "spec": {"authOptions": {"mode": "token"}},
+                "status": {"head": {"serviceName": "shared-head-svc", "serviceIP": "10.96.0.7"},
+                           "endpoints": {"dashboard": "8266"}}}
+    assert dashboard_url(reported) == "http://10.96.0.7:8266"
+    assert auth_secret_name(reported) == "shared"
+    named = {**bare, "spec": {"authOptions": {"mode": "token", "secretName": "ray-token"}}}
+    assert auth_secret_name(named) == "ray-token"
+    assert auth_secret_name({**bare, "spec": {"authOptions": {"mode": "disabled"}}}) is None
+    assert removal_entrypoint("pool-0123456789abcdef") == \
+        "python -m embedjob_worker.pools remove --pool pool-0123456789abcdef"
+
+
+NOW = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def lease(job: str, heartbeat_s_ago: float, released_s_ago: float | None = None) -> Lease:
+    released = None if released_s_ago is None else NOW - dt.timedelta(seconds=released_s_ago)
+    return Lease(str(uuid.uuid4()), job, job, "team", NOW - dt.timedelta(seconds=heartbeat_s_ago), released)
+
+
+@pytest.mark.parametrize("leases, deleted_jobs, reason", [
+    ([lease("a", 2)], set(), None),  # running
+    ([lease("a", 700, released_s_ago=700), lease("b", 2)], set(), None),  # one job still running
+    ([lease("a", 30, released_s_ago=30)], set(), None),  # released, not idle long enough
+    ([lease("a", 700, released_s_ago=601)], set(), IDLE),
+    ([lease("a", 700)], set(), HEARTBEAT_EXPIRED),  # a driver killed without releasing
+    ([lease("a", 90)], set(), None),  # heartbeat expired, but last used less than the idle time ago
+    ([lease("a", 700)], {"a"}, JOB_DELETED),
+    ([lease("a", 2)], {"a"}, None),  # job gone a moment ago: still the idle time to wait
+])
+def test_a_pool_goes_only_when_no_lease_is_live_and_it_has_been_idle(leases, deleted_jobs, reason):
+    assert removal_reason(leases, NOW, idle_s=600, expiry_s=60,
+                          job_exists=lambda lease: lease.job_key not in deleted_jobs) == reason
+
+
+def test_the_jobs_api_refuses_calls_without_the_token(token_ray):
+    for headers in ({}, {"Authorization": "Bearer not-the-token"}):
+        request = urllib.request.Request(f"{token_ray.dashboard_url}/api/jobs/", method="POST",
+                                         data=b'{"entrypoint": "true"}',
+                                         headers={"Content-Type": "application/json", **headers})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code in (401, 403)
+    # The operator's client sends the token and gets through.
+    output = token_ray.client().run("echo token-accepted", f"auth-{uuid.uuid4().hex[:6]}", timeout_s=60)
+    assert "token-accepted" in output
+
+
+def query(url: str, sql: str, **params) -> list:
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(sql), params).all()
+    engine.dispose()
+    return rows
+
+
+@pytest.mark.slow
+def test_jobs_with_the_same_model_share_one_pool_and_another_revision_gets_its_own(token_ray, database_url,
+                                                                                   tmp_path):
+    source = sample_input(tmp_path, 40)
+    first, second = shared_job("first", str(uuid.uuid4()), source, PACKAGED_MODEL), \
+        shared_job("second", str(uuid.uuid4()), source, PACKAGED_MODEL)
+    # Started together: both get-or-create the same detached actor.
+    drivers = [token_ray.driver(job, database_url, tmp_path / f"{job['metadata']['name']}.log")
+               for job in (first, second)]
+    for job, driver in zip((first, second), drivers):
+        assert driver.wait(240) == 0, (tmp_path / f"{job['metadata']['name']}.log").read_text()[-3000:]
+    other = shared_job("other", str(uuid.uuid4()), source, other_revision_model(tmp_path))
+    assert token_ray.driver(other, database_url, tmp_path / "other.log").wait(240) == 0, \
+        (tmp_path / "other.log").read_text()[-3000:]
+
+    leases = query(database_url, "SELECT job_name, pool, cluster, released_at FROM embedjob_pool_leases")
+    pools = {row.job_name: row.pool for row in leases}
+    assert pools["first"] == pools["second"] != pools["other"]
+    assert {row.cluster for row in leases} == {"tests/shared"}
+    assert all(row.released_at is not None for row in leases)
+    # One actor per pool ever existed (the state API lists dead ones too): the model was
+    # loaded once for both jobs, and the other revision has an actor of its own.
+    shared_actors = token_ray.actors(pool_actor_name(pools["first"], 0))
+    other_actors = token_ray.actors(pool_actor_name(pools["other"], 0))
+    assert [a["state"] for a in shared_actors] == ["ALIVE"] and [a["state"] for a in other_actors] == ["ALIVE"]
+    assert shared_actors[0]["ray_namespace"] == other_actors[0]["ray_namespace"] == "embedjob"
+    assert shared_actors[0]["is_detached"] and shared_actors[0]["actor_id"] != other_actors[0]["actor_id"]
+    # Every batch of both jobs was embedded by that one actor.
+    workers = query(database_url, "SELECT r.job_name, b.worker FROM embedjob_batches b "
+                                  "JOIN embedjob_runs r USING (run_id) WHERE b.state = 'succeeded'")
+    by_job: dict[str, set[str]] = {}
+    for row in workers:
+        by_job.setdefault(row.job_name, set()).add(row.worker.rsplit("/", 1)[1])
+    assert by_job["first"] == by_job["second"] == {shared_actors[0]["actor_id"][:8]}
+    assert by_job["other"] == {other_actors[0]["actor_id"][:8]}
+    revisions = query(database_url, "SELECT DISTINCT collection, revision FROM embeddings")
+    assert len({r.revision for r in revisions}) == 2 and len(revisions) == 3
