@@ -179,8 +179,9 @@ def migrate(url: str) -> None:
     engine = sa.create_engine(url)
     try:
         with engine.begin() as conn:
-            conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS vector"))
+            # Locked first: CREATE EXTENSION IF NOT EXISTS races too (two drivers of a new database).
             conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
+            conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS vector"))
             cfg = Config()
             cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
             cfg.attributes["connection"] = conn
