@@ -37,7 +37,7 @@ def test_batch_ids_change_with_the_input_snapshot_or_config():
     assert batch_id(KEY, ["ab"]) != batch_id(KEY, ["a", "b"])
 
 
-def test_windows_are_bounded_and_sorted_by_length_then_position():
+def test_windows_are_bounded_and_sorted_longest_first_then_by_position():
     stream = records(1000)
     consumed = []
 
@@ -50,7 +50,7 @@ def test_windows_are_bounded_and_sorted_by_length_then_position():
     window = next(windows)
     # Only the first window has been read: the input is streamed, not loaded.
     assert len(consumed) == 100 and len(window) == 100
-    assert window == sorted(stream[:100], key=lambda r: (len(r.text), r.position))
+    assert window == sorted(stream[:100], key=lambda r: (-len(r.text), r.position))
     assert all(len(w) <= 100 for w in windows)
 
 
