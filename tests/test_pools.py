@@ -142,3 +142,10 @@ def test_jobs_with_the_same_model_share_one_pool_and_another_revision_gets_its_o
     assert by_job["other"] == {other_actors[0]["actor_id"][:8]}
     revisions = query(database_url, "SELECT DISTINCT collection, revision FROM embeddings")
     assert len({r.revision for r in revisions}) == 2 and len(revisions) == 3
+
+    # The operator's removal entrypoint, run on the cluster through the Jobs API, kills a
+    # pool's actors (and gives the session's cluster its CPUs back).
+    for pool in (pools["first"], pools["other"]):
+        output = token_ray.client().run(removal_entrypoint(pool), f"remove-{uuid.uuid4().hex[:6]}", timeout_s=120)
+        assert pool_actor_name(pool, 0) in output
+        assert [a["state"] for a in token_ray.actors(pool_actor_name(pool, 0))] == ["DEAD"]
