@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from controller.pools import DashboardError, RayJobsClient
 from embedjob.jobconfig import encode_job_config
@@ -144,3 +145,11 @@ def sample_input(tmp_path: Path, lines: int) -> Path:
     path.write_text("\n".join(rows) + "\n")
     return path
 
+
+def query(url: str, sql: str, **params) -> list:
+    """Rows of one SQL statement on the test database."""
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(sql), params).all()
+    engine.dispose()
+    return rows

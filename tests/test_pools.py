@@ -10,7 +10,6 @@ import urllib.request
 import uuid
 
 import pytest
-import sqlalchemy as sa
 
 from controller.pools import (
     HEARTBEAT_EXPIRED,
@@ -24,7 +23,7 @@ from controller.pools import (
 )
 from embedjob_worker.model import ResolvedModel
 from embedjob_worker.pools import pool_actor_name, pool_name
-from pool_fixtures import PACKAGED_MODEL, other_revision_model, sample_input, shared_job
+from pool_fixtures import PACKAGED_MODEL, other_revision_model, query, sample_input, shared_job
 
 MODEL = ResolvedModel("m", "rev1", "/models/m", None, True, None)
 
@@ -95,14 +94,6 @@ def test_the_jobs_api_refuses_calls_without_the_token(token_ray):
     # The operator's client sends the token and gets through.
     output = token_ray.client().run("echo token-accepted", f"auth-{uuid.uuid4().hex[:6]}", timeout_s=60)
     assert "token-accepted" in output
-
-
-def query(url: str, sql: str, **params) -> list:
-    engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        rows = conn.execute(sa.text(sql), params).all()
-    engine.dispose()
-    return rows
 
 
 @pytest.mark.slow

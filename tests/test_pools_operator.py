@@ -14,21 +14,12 @@ import signal
 import uuid
 
 import pytest
-import sqlalchemy as sa
 
 from embedjob_worker.pools import pool_actor_name
 from operator_fixtures import apply_job, create_database_secret, events_for, get_json, wait_until
-from pool_fixtures import PACKAGED_MODEL, SHARED_CLUSTER, other_revision_model, sample_input, shared_job
+from pool_fixtures import PACKAGED_MODEL, SHARED_CLUSTER, other_revision_model, query, sample_input, shared_job
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
-
-
-def query(url: str, sql: str, **params) -> list:
-    engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        rows = conn.execute(sa.text(sql), params).all()
-    engine.dispose()
-    return rows
 
 
 def create_shared_raycluster(kube, namespace: str, token_ray) -> None:
