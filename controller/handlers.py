@@ -2,13 +2,16 @@
 
 - create / resume / change of spec.suspend -> `launch` (review, the one RayJob);
   a refused job is retried after EMBEDJOB_RETRY_DELAY_SECONDS (or on its next change);
-- a daemon per job -> `track` (the status, woken by its RayJob's changes);
+- a change of a job's RayJob -> the job's status (`StatusKeeper.sync`), which also
+  refreshes unfinished jobs every EMBEDJOB_PROGRESS_INTERVAL_SECONDS;
 - deletion -> `cleanup` behind the finalizer `embedjob.dev/cleanup`.
+
+Jobs and RayJobs are kept in kopf indexes as small summaries, not whole bodies, and no
+task runs per job: memory stays flat with thousands of jobs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from typing import Any
 
@@ -23,11 +26,27 @@ from .status import Transition
 JOBS = (api.GROUP, api.VERSION, api.PLURAL)
 RAYJOBS = (RAY_GROUP, RAY_VERSION, RAY_PLURAL)
 OUR_RAYJOBS = {LABEL_MANAGED_BY: MANAGED_BY}
-VERDICT = "verdict"  # key in a job's kopf memo, shared by its handlers and its daemon
 
 
 def plain(body: kopf.Body) -> dict[str, Any]:
     return copy.deepcopy(dict(body))
+
+
+@kopf.index(*JOBS)
+async def jobs_by_uid(body: kopf.Body, **_: Any) -> dict[str, Any]:
+    """Each job by uid: what its status is computed from (and an Event needs)."""
+    meta = body.metadata
+    return {
+        meta.uid: {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "metadata": {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid,
+                         "generation": meta.get("generation")},
+            "spec": {"suspend": body.spec.get("suspend", False),
+                     "clusterSelector": copy.deepcopy(body.spec.get("clusterSelector"))},
+            "status": copy.deepcopy(dict(body.status)),
+        }
+    }
 
 
 @kopf.index(*RAYJOBS, labels=OUR_RAYJOBS)
@@ -45,9 +64,27 @@ async def rayjobs_by_job(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict
     }
 
 
+def post_event(job: dict[str, Any], change: Transition) -> None:
+    kind = "Warning" if change.warning else "Normal"
+    kopf.event(job, type=kind, reason=change.reason, message=f"{change.type} is {change.status}: {change.message}")
+
+
+@kopf.on.startup()
+async def start_status_refresh(memo: kopf.Memo, jobs_by_uid: kopf.Index, rayjobs_by_job: kopf.Index,
+                               **_: Any) -> None:
+    memo.keeper.attach(jobs_by_uid, rayjobs_by_job)
+    memo.keeper.start()
+
+
+@kopf.on.cleanup()
+async def stop_status_refresh(memo: kopf.Memo, **_: Any) -> None:
+    memo.keeper.stop()
+
+
 @kopf.on.event(*RAYJOBS, labels=OUR_RAYJOBS)
 async def rayjob_changed(labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    memo.context.wakeups.wake(labels.get(LABEL_JOB_UID))
+    if labels.get(LABEL_JOB_UID):
+        await memo.keeper.sync(labels[LABEL_JOB_UID])
 
 
 @kopf.on.resume(*JOBS)
@@ -55,46 +92,20 @@ async def rayjob_changed(labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None
 @kopf.on.update(*JOBS, field="spec.suspend")
 async def launch(body: kopf.Body, memo: kopf.Memo, rayjobs_by_job: kopf.Index, **_: Any) -> None:
     ctx: reconcile.Context = memo.context
-    with metrics.reconcile("launch"):
-        verdict = await reconcile.launch(plain(body), rayjobs_by_job.get(body.metadata.uid, []), ctx)
-    memo[VERDICT] = verdict
-    ctx.wakeups.wake(body.metadata.uid)
-    if not verdict.accepted:
-        raise kopf.TemporaryError(f"{verdict.reason}: {verdict.message}", delay=ctx.settings.retry_delay_seconds)
-
-
-async def _sleep(wakeup: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> None:
-    waiters = [asyncio.ensure_future(wakeup.wait()), asyncio.ensure_future(stopped.wait())]
-    try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-
-
-@kopf.daemon(*JOBS, cancellation_timeout=10, backoff=5)
-async def track(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
-                rayjobs_by_job: kopf.Index, **_: Any) -> None:
     uid = body.metadata.uid
-
-    def emit(change: Transition) -> None:
-        kind = "Warning" if change.warning else "Normal"
-        kopf.event(body, type=kind, reason=change.reason, message=f"{change.type} is {change.status}: {change.message}")
-
-    tracker = reconcile.Tracker(
-        job=lambda: plain(body),
-        rayjobs=lambda: rayjobs_by_job.get(uid, []),
-        verdict=lambda: memo.get(VERDICT),
-        stopped=lambda: bool(stopped),
-        sleep=lambda wakeup, timeout: _sleep(wakeup, stopped, timeout),
-        emit=emit,
-    )
-    await reconcile.track(tracker, memo.context)
+    with metrics.reconcile("launch"):
+        verdict = await reconcile.launch(plain(body), rayjobs_by_job.get(uid, []), ctx)
+    memo.keeper.note_verdict(uid, verdict)
+    if not verdict.accepted:
+        # An accepted job's status follows its RayJob's watch events instead.
+        await memo.keeper.sync(uid)
+        raise kopf.TemporaryError(f"{verdict.reason}: {verdict.message}", delay=ctx.settings.retry_delay_seconds)
 
 
 @kopf.on.delete(*JOBS)
 async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     ctx: reconcile.Context = memo.context
+    memo.keeper.forget(body.metadata.uid)
     with metrics.reconcile("cleanup"):
         gone = await reconcile.cleanup(plain(body), ctx)
     if not gone:
