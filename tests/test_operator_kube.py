@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from controller.rayjob import rayjob_name
+from controller.rayjob import build_rayjob, rayjob_name
+from controller.settings import Settings
 from operator_fixtures import (
     apply_job,
     condition,
@@ -179,3 +180,23 @@ def test_database_outage_degrades_progress_only(kube_without_kuberay, standin_na
     message = condition(job, "Running")["message"]
     assert message.startswith("progress unavailable: OperationalError") and "reader-secret" not in message
     assert job["status"]["state"] == "Running" and condition(job, "Failed")["status"] == "False"
+
+
+def test_an_existing_rayjob_of_that_name_is_adopted_only_when_owned(kube, namespace, start_operator):
+    create_database_secret(kube, namespace, DB_URL)
+    mine, theirs = apply_job(kube, namespace, "mine"), apply_job(kube, namespace, "theirs")
+    # Before the operator runs: RayJobs under the names it will create, both owned by
+    # `mine` (a create whose answer was lost), without the labels that would put them in
+    # the operator's watch index -- so its creates meet 409 Conflict.
+    for job in (mine, theirs):
+        manifest = build_rayjob(job, Settings.from_env({}))
+        manifest["metadata"]["ownerReferences"] = build_rayjob(mine, Settings.from_env({}))["metadata"][
+            "ownerReferences"]
+        del manifest["metadata"]["labels"]
+        kube.kubectl("create", "-f", "-", input=json.dumps(manifest))
+
+    start_operator(kube, namespace)
+    wait_for_condition(kube, namespace, "mine", "Accepted", "True")
+    refused = wait_for_condition(kube, namespace, "theirs", "Accepted", "False")
+    assert condition(refused, "Accepted")["reason"] == "RayJobConflict"
+    assert len(rayjobs(kube, namespace)) == 2
