@@ -335,13 +335,14 @@ class RayJobRunner:
     from its Secret, and reports status the way KubeRay does: jobDeploymentStatus
     Initializing -> Running -> Complete | Failed (reason AppFailed), jobStatus PENDING ->
     RUNNING -> SUCCEEDED | FAILED, rayClusterName, startTime, endTime and Ray's message.
-
-    It does not emulate suspension (a suspended RayJob is not started) or backoffLimit."""
+    `spec.suspend` stops the entrypoint (Suspending -> Suspended, as KubeRay deletes the
+    cluster); resuming starts it again. backoffLimit is not emulated."""
 
     def __init__(self, kube, namespace: str, ray_address: str, log_dir: Path, extra_env: dict[str, str]):
         self.kube, self.namespace, self.ray_address = kube, namespace, ray_address
         self.log_dir, self.extra_env = log_dir, extra_env
-        self.started: dict[str, RunningEntrypoint] = {}  # RayJob name -> its one run
+        self.runs: dict[str, list[RunningEntrypoint]] = {}  # RayJob name -> its entrypoint runs
+        self.suspended: set[str] = set()
         self.finished: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rayjob-runner", daemon=True)
@@ -354,10 +355,14 @@ class RayJobRunner:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(30)
-        for run in self.started.values():
-            if run.process.poll() is None:
-                os.killpg(run.process.pid, signal.SIGKILL)
-                run.process.wait(10)
+        for runs in self.runs.values():
+            self._kill(runs[-1])
+
+    @staticmethod
+    def _kill(run: RunningEntrypoint) -> None:
+        if run.process.poll() is None:
+            os.killpg(run.process.pid, signal.SIGKILL)
+            run.process.wait(10)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -370,14 +375,26 @@ class RayJobRunner:
             self._stop.wait(0.3)
 
     def _step(self, rayjob: dict) -> None:
-        name = rayjob["metadata"]["name"]
+        name, suspend = rayjob["metadata"]["name"], bool(rayjob["spec"].get("suspend"))
         if name in self.finished or rayjob["metadata"].get("deletionTimestamp"):
             return
-        if name not in self.started:
-            if not rayjob["spec"].get("suspend"):
+        running = name in self.runs and name not in self.suspended
+        if not running:
+            if not suspend:
+                self.suspended.discard(name)
                 self._start(rayjob)
+            elif name not in self.suspended:  # created suspended
+                self.suspended.add(name)
+                self._patch_status(name, jobDeploymentStatus="Suspended")
             return
-        code = self.started[name].process.poll()
+        run = self.runs[name][-1]
+        if suspend:
+            self.suspended.add(name)
+            self._patch_status(name, jobDeploymentStatus="Suspending")
+            self._kill(run)
+            self._patch_status(name, jobDeploymentStatus="Suspended", jobStatus=None, rayClusterName=None)
+            return
+        code = run.process.poll()
         if code is None:
             return
         self.finished.add(name)
@@ -385,7 +402,7 @@ class RayJobRunner:
             self._patch_status(name, jobDeploymentStatus="Complete", jobStatus="SUCCEEDED",
                                message="Job finished successfully.", endTime=_rfc3339_now())
         else:
-            tail = self.started[name].log_path.read_text(errors="replace")[-20000:]
+            tail = run.log_path.read_text(errors="replace")[-20000:]
             self._patch_status(
                 name, jobDeploymentStatus="Failed", jobStatus="FAILED", reason="AppFailed", endTime=_rfc3339_now(),
                 message=f"Job entrypoint command failed with exit code {code}, last available logs "
@@ -410,7 +427,7 @@ class RayJobRunner:
         with open(log_path, "ab") as log:
             process = subprocess.Popen(["bash", "-c", rayjob["spec"]["entrypoint"]], cwd=REPO, env=env,
                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.started[name] = RunningEntrypoint(process, log_path)
+        self.runs.setdefault(name, []).append(RunningEntrypoint(process, log_path))
         self._patch_status(name, jobDeploymentStatus="Running", jobStatus="PENDING")
         self._patch_status(name, jobStatus="RUNNING")
 
@@ -425,6 +442,6 @@ class RayJobRunner:
             env[var["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
         return env
 
-    def _patch_status(self, name: str, **fields: str) -> None:
+    def _patch_status(self, name: str, **fields: str | None) -> None:
         self.kube.kubectl("patch", "rayjob", name, "-n", self.namespace, "--subresource=status", "--type=merge",
                           "-p", json.dumps({"status": fields}))
