@@ -98,3 +98,30 @@ def test_vectors_table_of_another_width_is_refused(database_url):
         sink.ensure_vectors_table(DIM * 2)
     sink.close()
 
+
+
+def test_drivers_starting_together_create_the_vectors_table_once(database_url):
+    """Two jobs writing one table may start at the same moment."""
+    import threading
+
+    make_sink(database_url, table="bootstrap").close()  # migrations done once, as a first driver would
+    sinks = [PostgresSink(database_url, f"local/default/j{i}", "c1", "shared", content_salt(True, None))
+             for i in range(6)]
+    start, errors = threading.Barrier(len(sinks)), []
+
+    def create(sink):
+        start.wait()
+        try:
+            sink.ensure_vectors_table(DIM)
+        except Exception as exc:  # collected: the assertion below names it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create, args=(s,)) for s in sinks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for sink in sinks:
+        sink.close()
+    assert errors == []
+    assert rows(database_url, "SELECT count(*) FROM pg_class WHERE relname = 'shared'") == [(1,)]

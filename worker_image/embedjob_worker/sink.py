@@ -131,6 +131,9 @@ class PostgresSink:
 
     def ensure_vectors_table(self, dim: int) -> None:
         with self.engine.begin() as conn:
+            # Drivers of two jobs sharing a table may start together; CREATE TABLE's
+            # check-then-create is not atomic (a duplicate pg_type row otherwise).
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": f"embedjob-table:{self.table}"})
             db.vectors_table(self.table, dim).create(conn, checkfirst=True)
             existing = conn.execute(sa.text(
                 "SELECT atttypmod FROM pg_attribute WHERE attrelid = CAST(:t AS regclass) AND attname = 'embedding'"
