@@ -282,6 +282,19 @@ def standin_namespace(kube_without_kuberay, request):
 RAY_CLIENT_ENV = {"HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 
 
+def ray_head_command(port: int, temp_dir: str, *options: str) -> list[str]:
+    """`ray start --head` (2 CPUs) on 127.0.0.1 with free ports for all of its servers.
+
+    Ray's agents and client server default to fixed ports; a second head on this machine
+    (another fixture's) would otherwise collide with the first and hang its Jobs API."""
+    ports = {flag: free_port() for flag in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                            "metrics-export-port", "runtime-env-agent-port",
+                                            "ray-client-server-port")}
+    return [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}",
+            "--num-cpus=2", "--node-ip-address=127.0.0.1", *(f"--{flag}={p}" for flag, p in ports.items()),
+            f"--temp-dir={temp_dir}", "--disable-usage-stats", *options]
+
+
 @pytest.fixture(scope="session")
 def local_ray(tmp_path_factory):
     """A local Ray head (2 CPUs, no dashboard); yields its address for RAY_ADDRESS."""
@@ -289,13 +302,10 @@ def local_ray(tmp_path_factory):
     # Ray's socket paths must stay short: a temp dir right under /tmp.
     temp_dir = tempfile.mkdtemp(prefix="ejray-", dir="/tmp")
     log = tmp_path_factory.mktemp("ray") / "ray-head.log"
-    ray_cli = Path(sys.executable).with_name("ray")
     env = {**os.environ, **RAY_CLIENT_ENV}
     with open(log, "ab") as out:
         head = subprocess.Popen(
-            [str(ray_cli), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
-             "--node-ip-address=127.0.0.1",
-             "--include-dashboard=false", f"--temp-dir={temp_dir}", "--disable-usage-stats"],
+            ray_head_command(port, temp_dir, "--include-dashboard=false"),
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     address = f"127.0.0.1:{port}"

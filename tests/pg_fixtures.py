@@ -36,3 +36,12 @@ def database_url(postgres):
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     admin.dispose()
     yield _with_database(postgres.get_uri(), name)
+
+
+def query(url: str, sql: str, **params) -> list:
+    """Rows of one SQL statement on a test database."""
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(sql), params).all()
+    engine.dispose()
+    return rows

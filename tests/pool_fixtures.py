@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from controller.pools import DashboardError, RayJobsClient
 from embedjob.jobconfig import encode_job_config
-from operator_fixtures import REPO, free_port, wait_until
+from operator_fixtures import REPO, free_port, ray_head_command, wait_until
 
 SHARED_CLUSTER = "shared"
 
@@ -74,9 +73,7 @@ def token_ray(tmp_path_factory):
     }
     with open(log, "ab") as out:
         head = subprocess.Popen(
-            [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}",
-             "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
-             "--num-cpus=2", f"--temp-dir={temp_dir}", "--disable-usage-stats"],
+            ray_head_command(port, temp_dir, "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"),
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     cluster = TokenRay(f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard_port}", token, env)
 
@@ -144,12 +141,3 @@ def sample_input(tmp_path: Path, lines: int) -> Path:
     path = tmp_path / f"pep-{lines}.jsonl"
     path.write_text("\n".join(rows) + "\n")
     return path
-
-
-def query(url: str, sql: str, **params) -> list:
-    """Rows of one SQL statement on the test database."""
-    engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        rows = conn.execute(sa.text(sql), params).all()
-    engine.dispose()
-    return rows

@@ -15,6 +15,7 @@ import pytest
 import ray
 import sqlalchemy as sa
 
+from pg_fixtures import query
 from embedjob.jobconfig import encode_job_config
 from embedjob_worker.config import JobConfig
 from embedjob_worker.driver import DriverOptions, run_job, worker_actor_name
@@ -61,14 +62,6 @@ def manifest(source: Path, name: str, batch_size: int = 32, max_in_flight: int =
 
 def valid_ids(path: Path) -> set[str]:
     return {r.id for r in classify_records(read_records(str(path), "jsonl", "id", "text")) if isinstance(r, Record)}
-
-
-def query(url: str, sql: str, **params) -> list:
-    engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        result = conn.execute(sa.text(sql), params).all()
-    engine.dispose()
-    return result
 
 
 def succeeded_batches(url: str) -> int:

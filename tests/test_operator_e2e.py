@@ -145,8 +145,8 @@ def test_suspend_and_resume_mid_job(e2e, database_url, tmp_path):
     uri, ids = sample(tmp_path, 600)
     standin = runner()
     apply_job(kube, namespace, "pausing", source={"uri": uri}, model=MODEL, batching={"batchSize": 8})
-    wait_until("some progress", lambda: get_json(kube, "ej", "pausing", "-n", namespace)["status"]
-               .get("progress", {}).get("batchesSucceeded", 0) > 0, timeout=180)
+    wait_until("some progress", lambda: get_json(kube, "ej", "pausing", "-n", namespace)
+               .get("status", {}).get("progress", {}).get("batchesSucceeded", 0) > 0, timeout=180)
 
     kube.kubectl("patch", "ej", "pausing", "-n", namespace, "--type=merge", "-p", '{"spec": {"suspend": true}}')
     job = wait_for_condition(kube, namespace, "pausing", "Suspended", timeout=60)

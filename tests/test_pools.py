@@ -23,7 +23,8 @@ from controller.pools import (
 )
 from embedjob_worker.model import ResolvedModel
 from embedjob_worker.pools import pool_actor_name, pool_name
-from pool_fixtures import PACKAGED_MODEL, other_revision_model, query, sample_input, shared_job
+from pg_fixtures import query
+from pool_fixtures import PACKAGED_MODEL, other_revision_model, sample_input, shared_job
 
 MODEL = ResolvedModel("m", "rev1", "/models/m", None, True, None)
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import uuid
 
 import pytest
 
 from embedjob_worker.pools import pool_actor_name
 from operator_fixtures import apply_job, create_database_secret, events_for, get_json, wait_until
-from pool_fixtures import PACKAGED_MODEL, SHARED_CLUSTER, other_revision_model, query, sample_input, shared_job
+from pg_fixtures import query
+from pool_fixtures import PACKAGED_MODEL, SHARED_CLUSTER, other_revision_model, sample_input, shared_job
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 

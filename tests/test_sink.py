@@ -3,8 +3,8 @@
 import numpy as np
 import psycopg
 import pytest
-import sqlalchemy as sa
 
+from pg_fixtures import query
 from embedjob_worker.errors import JobFailed
 from embedjob_worker.records import BadReason, BadRecord, Record
 from embedjob_worker.sink import AttemptRow, BatchOutcome, PostgresSink, content_salt, now
@@ -26,36 +26,28 @@ def outcome(batch_id: str, texts: dict[str, str], seed: int = 0) -> BatchOutcome
                         vectors=vectors, worker="w", duration_s=0.1)
 
 
-def rows(url: str, sql: str) -> list:
-    engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        result = conn.execute(sa.text(sql)).all()
-    engine.dispose()
-    return result
-
-
 def test_batches_are_written_with_their_marks_and_rewrites_change_nothing(database_url):
     sink = make_sink(database_url)
     run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
     first = outcome("b1", {"a": "alpha", "b": "beta"})
     sink.write(run.run_id, [first, outcome("b2", {"c": "gamma"})],
                [BadRecord(7, "x", BadReason.null_text)], {"records_embedded": 3})
-    vectors = rows(database_url, "SELECT record_id, embedding::text, updated_at FROM vectors ORDER BY record_id")
+    vectors = query(database_url, "SELECT record_id, embedding::text, updated_at FROM vectors ORDER BY record_id")
     assert [r.record_id for r in vectors] == ["a", "b", "c"]
     # The binary COPY carried the exact float32 values.
     assert np.allclose(np.array(eval(vectors[0].embedding)), first.vectors[0])
-    assert rows(database_url, "SELECT batch_id, state, records FROM embedjob_batches ORDER BY 1") == [
+    assert query(database_url, "SELECT batch_id, state, records FROM embedjob_batches ORDER BY 1") == [
         ("b1", "succeeded", 2), ("b2", "succeeded", 1)]
-    assert rows(database_url, "SELECT reason FROM embedjob_record_errors") == [("null_text",)]
+    assert query(database_url, "SELECT reason FROM embedjob_record_errors") == [("null_text",)]
 
     # A retry or re-run of the same batch: no new rows, unchanged rows keep updated_at.
     sink.write(run.run_id, [outcome("b1", {"a": "alpha", "b": "beta CHANGED"}, seed=1)], [], {})
-    again = rows(database_url, "SELECT record_id, updated_at FROM vectors ORDER BY record_id")
+    again = query(database_url, "SELECT record_id, updated_at FROM vectors ORDER BY record_id")
     assert len(again) == 3
     assert again[0].updated_at == vectors[0].updated_at  # "a": same text, not rewritten
     assert again[1].updated_at > vectors[1].updated_at  # "b": text changed, rewritten
-    assert rows(database_url, "SELECT count(*) FROM embedjob_batch_attempts WHERE batch_id = 'b1'") == [(2,)]
-    assert rows(database_url, "SELECT records_embedded FROM embedjob_runs") == [(3,)]
+    assert query(database_url, "SELECT count(*) FROM embedjob_batch_attempts WHERE batch_id = 'b1'") == [(2,)]
+    assert query(database_url, "SELECT records_embedded FROM embedjob_runs") == [(3,)]
     sink.close()
 
 
@@ -66,8 +58,8 @@ def test_a_failing_group_writes_neither_vectors_nor_marks(database_url):
     bad.vectors = np.zeros((1, DIM + 1), dtype=np.float32)  # wrong width: the merge fails
     with pytest.raises(psycopg.errors.DataException):
         sink.write(run.run_id, [outcome("b1", {"a": "alpha"}), bad], [], {})
-    assert rows(database_url, "SELECT count(*) FROM vectors") == [(0,)]
-    assert rows(database_url, "SELECT count(*) FROM embedjob_batches") == [(0,)]
+    assert query(database_url, "SELECT count(*) FROM vectors") == [(0,)]
+    assert query(database_url, "SELECT count(*) FROM embedjob_batches") == [(0,)]
     sink.close()
 
 
@@ -85,7 +77,7 @@ def test_runs_resume_refuse_a_changed_input_and_start_anew_when_told(database_ur
         sink.start_run("sinktest", "default", "m", "r1", "in-2", "cfg", new_run=False)
     second = sink.start_run("sinktest", "default", "m", "r1", "in-2", "cfg", new_run=True)
     assert second.run_id != first.run_id and not second.resumed
-    states = rows(database_url, "SELECT state, reason FROM embedjob_runs ORDER BY started_at, reason NULLS LAST")
+    states = query(database_url, "SELECT state, reason FROM embedjob_runs ORDER BY started_at, reason NULLS LAST")
     assert sorted(states, key=str) == sorted([("running", None), ("failed", "InputChanged"),
                                               ("failed", "InputChanged"), ("running", None)], key=str)
     sink.close()
@@ -124,4 +116,4 @@ def test_drivers_starting_together_create_the_vectors_table_once(database_url):
     for sink in sinks:
         sink.close()
     assert errors == []
-    assert rows(database_url, "SELECT count(*) FROM pg_class WHERE relname = 'shared'") == [(1,)]
+    assert query(database_url, "SELECT count(*) FROM pg_class WHERE relname = 'shared'") == [(1,)]

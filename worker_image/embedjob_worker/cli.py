@@ -9,12 +9,16 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from embedjob.api import SpecError
+# `embedjob run` is a one-machine Ray: keep its servers on loopback rather than the
+# machine's network address. Ray reads this once, when it is first imported (below).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-from .config import JobConfig
-from .driver import DATABASE_URL_ENV, EXIT_INVALID_CONFIG, EXIT_JOB_FAILED, EXIT_SUCCEEDED, unreachable_exit_code
-from .errors import Unreachable
-from .logs import configure_logging, mask_url
+from embedjob.api import SpecError  # noqa: E402
+
+from .config import JobConfig  # noqa: E402
+from .driver import DATABASE_URL_ENV, EXIT_INVALID_CONFIG, EXIT_JOB_FAILED, EXIT_SUCCEEDED, unreachable_exit_code  # noqa: E402
+from .errors import Unreachable  # noqa: E402
+from .logs import configure_logging, mask_url  # noqa: E402
 
 SNIPPET_CHARS = 100
 
