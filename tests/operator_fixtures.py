@@ -279,7 +279,10 @@ def standin_namespace(kube_without_kuberay, request):
 
 # For the local Ray head and everything that connects to it. Token authentication is
 # off: Ray turns it on when a token exists in ~/.ray, which other tests' clusters leave.
-RAY_CLIENT_ENV = {"HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+# For a local Ray head and the drivers that talk to it: loopback addresses throughout (Ray
+# otherwise swaps 127.0.0.1 for the machine's network address), no token, no hub.
+RAY_CLIENT_ENV = {"HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+                  "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def ray_head_command(port: int, temp_dir: str, *options: str) -> list[str]:
