@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -18,13 +17,16 @@ import yaml
 from envtest.plugin import find_binaries
 from operator_fixtures import (
     OperatorProcess,
+    RayJobRunner,
     apply_job,
     create_database_secret,
+    free_port,
     get_json,
     rayjobs,
     wait_for_condition,
     wait_until,
 )
+from pg_fixtures import query
 from test_images import pinned_ray_version, pyproject, quickstart_rayjob
 
 REPO = Path(__file__).resolve().parent.parent
@@ -443,12 +445,6 @@ def test_namespaced_serviceaccount_can_do_what_the_operator_needs_in_watched_nam
     assert_access(kube, kubeconfig, expected)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_operator_as_the_chart_runs_it(kube, namespace: str, objects: list[dict], log_path: Path) -> OperatorProcess:
     """``python -m controller`` with the chart's Deployment environment and the token of the
     chart's ServiceAccount (its only rights); free local ports instead of the pod's 8080/9090."""
@@ -488,3 +484,31 @@ def test_operator_runs_as_the_chart_configures_it(kube, namespace, jobs_namespac
     finally:
         operator.stop()
 
+
+@pytest.mark.slow
+def test_job_completes_with_the_operator_as_the_chart_runs_it(
+        kube_without_kuberay, standin_namespace, local_ray, database_url, tmp_path):
+    """End to end under the chart's identity and configuration, proof that its RBAC is
+    enough: the test stand-in for KubeRay + kubelet runs the RayJob's entrypoint on a
+    local Ray; the job reaches Complete and every record has its vector."""
+    kube, jobs_namespace = kube_without_kuberay, standin_namespace
+    release_namespace = f"{jobs_namespace}-operator"
+    kube.kubectl("create", "namespace", release_namespace)
+    objects = install(kube, release_namespace, {"watchNamespaces": [jobs_namespace]})
+    operator = start_operator_as_the_chart_runs_it(kube, release_namespace, objects, tmp_path / "operator.log")
+    records = (REPO / "examples" / "pep-sample.jsonl").read_text().splitlines()[:48]
+    source = tmp_path / "pep-48.jsonl"
+    source.write_text("\n".join(records) + "\n")
+    try:
+        create_database_secret(kube, jobs_namespace, database_url)
+        with RayJobRunner(kube, jobs_namespace, local_ray, tmp_path, {}) as runner:
+            apply_job(kube, jobs_namespace, "quickstart", source={"uri": str(source)}, batching={"batchSize": 16})
+            waited = kube.kubectl("wait", "--for=condition=Complete", "ej/quickstart", "-n", jobs_namespace,
+                                  "--timeout=300s", check=False, timeout=330)
+            assert waited.returncode == 0, (waited.stderr, operator.log()[-3000:])
+        assert runner.errors == []
+        ids = sorted(json.loads(line)["id"] for line in records)
+        assert sorted(r.record_id for r in query(database_url, "SELECT record_id FROM embeddings")) == ids
+        assert "forbidden" not in operator.log().lower(), operator.log()[-3000:]
+    finally:
+        operator.stop()
