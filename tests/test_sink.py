@@ -3,6 +3,7 @@
 import numpy as np
 import psycopg
 import pytest
+import sqlalchemy as sa
 
 from pg_fixtures import query
 from embedjob_worker.errors import JobFailed
@@ -117,3 +118,36 @@ def test_drivers_starting_together_create_the_vectors_table_once(database_url):
         sink.close()
     assert errors == []
     assert query(database_url, "SELECT count(*) FROM pg_class WHERE relname = 'shared'") == [(1,)]
+
+
+def test_a_connection_dropped_mid_write_is_retried_and_writes_each_row_once(database_url):
+    """PostgreSQL ends the writing session in the middle of a batch's transaction (a
+    trigger terminates its own backend, once: sequences ignore rollbacks)."""
+    from embedjob_worker.driver import Progress, SinkWriter
+
+    sink = make_sink(database_url)
+    run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE SEQUENCE drop_once"))
+        conn.execute(sa.text("""
+            CREATE FUNCTION drop_connection_once() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+              IF nextval('drop_once') = 1 THEN PERFORM pg_terminate_backend(pg_backend_pid()); END IF;
+              RETURN NEW;
+            END $$"""))
+        conn.execute(sa.text("CREATE TRIGGER drop_connection BEFORE INSERT ON embedjob_batches "
+                             "FOR EACH ROW EXECUTE FUNCTION drop_connection_once()"))
+    engine.dispose()
+
+    writer = SinkWriter(sink, run.run_id, Progress(), attempts=3)
+    writer.put_outcome(outcome("b1", {"a": "alpha", "b": "beta"}))
+    writer.close()
+    sink.close()
+
+    assert writer.error is None
+    assert query(database_url, "SELECT record_id FROM vectors ORDER BY 1") == [("a",), ("b",)]
+    assert query(database_url, "SELECT state FROM embedjob_batches") == [("succeeded",)]
+    attempts = query(database_url, "SELECT outcome, reason FROM embedjob_batch_attempts ORDER BY id")
+    assert [a.outcome for a in attempts] == ["retry", "succeeded"]
+    assert attempts[0].reason.startswith("DatabaseWriteFailed")
