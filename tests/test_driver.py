@@ -9,16 +9,19 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import ray
 import sqlalchemy as sa
 
+from operator_fixtures import free_port
 from pg_fixtures import query
 from embedjob.jobconfig import encode_job_config
 from embedjob_worker.config import JobConfig
 from embedjob_worker.driver import DriverOptions, run_job, worker_actor_name
+from embedjob_worker.metrics import DriverMetrics
 from embedjob_worker.records import Record, classify_records
 from embedjob_worker.source import read_records
 
@@ -132,9 +135,17 @@ def test_bad_records_are_recorded_and_the_rest_of_the_batch_succeeds(ray_address
 def test_an_out_of_memory_batch_is_split_and_still_succeeds(ray_address, database_url, tmp_path):
     source = write_input(tmp_path / "oom.jsonl", corpus_lines(2100, 64))
     job = JobConfig.from_manifest(manifest(source, "oom", batch_size=16))
-    summary = run_job(job, database_url, DriverOptions(fault_injection={"oom_above": 8}))
+    metrics, port = DriverMetrics(), free_port()
+    metrics.serve(port)  # as --metrics-port does
+    summary = run_job(job, database_url, DriverOptions(fault_injection={"oom_above": 8}, metrics=metrics))
     assert summary.state == "succeeded", summary.error
     assert summary.oom_splits == 4
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        scraped = response.read().decode()
+    assert "embedjob_oom_splits_total 4.0" in scraped
+    assert 'embedjob_batches_total{state="succeeded"} 4.0' in scraped
+    assert 'embedjob_records_total{outcome="embedded"} 64.0' in scraped
+    assert "embedjob_batch_latency_seconds_count" in scraped and "embedjob_model_load_seconds" in scraped
     attempts = query(database_url, "SELECT outcome, count(*) FROM embedjob_batch_attempts GROUP BY 1 ORDER BY 1")
     assert attempts == [("split", 4), ("succeeded", 4)]
     assert query(database_url, "SELECT count(DISTINCT reason) FROM embedjob_batch_attempts"
