@@ -136,6 +136,10 @@ class Lease:
     heartbeat_at: dt.datetime
     released_at: dt.datetime | None
 
+    @classmethod
+    def from_row(cls, row: sa.Row) -> "Lease":
+        return cls(row.lease_id, row.job_key, row.job_name, row.namespace, row.heartbeat_at, row.released_at)
+
 
 # Why a pool was removed (the `reason` label of embedjob_pool_removals_total).
 IDLE, HEARTBEAT_EXPIRED, JOB_DELETED = "Idle", "HeartbeatExpired", "JobDeleted"
@@ -181,21 +185,20 @@ class LeaseStore:
             return dt.datetime.now(dt.UTC), {}
         grouped: dict[tuple[str, str], list[Lease]] = {}
         for row in rows:
-            grouped.setdefault((row.cluster, row.pool), []).append(
-                Lease(row.lease_id, row.job_key, row.job_name, row.namespace, row.heartbeat_at, row.released_at))
+            grouped.setdefault((row.cluster, row.pool), []).append(Lease.from_row(row))
         return now, grouped
 
     @contextmanager
     def locked(self, cluster: str, pool: str) -> Iterator["LockedPool"]:
         """Hold the pool's advisory lock: no driver acquires a lease on it meanwhile."""
         with self._engine.connect() as conn:
-            params = {"cluster": cluster, "pool": pool}
-            conn.execute(db.pool_lock_sql("pg_advisory_lock"), params)
+            params = {"name": db.pool_lock_name(cluster, pool)}
+            conn.execute(db.advisory_lock_sql("pg_advisory_lock", db.POOL_LOCK), params)
             conn.commit()
             try:
                 yield LockedPool(conn, cluster, pool)
             finally:
-                conn.execute(db.pool_lock_sql("pg_advisory_unlock"), params)
+                conn.execute(db.advisory_lock_sql("pg_advisory_unlock", db.POOL_LOCK), params)
                 conn.commit()
 
 
@@ -211,8 +214,7 @@ class LockedPool:
         rows = self.conn.execute(sa.select(t).where(t.c.cluster == self.cluster, t.c.pool == self.pool,
                                                     t.c.pool_removed_at.is_(None))).all()
         self.conn.commit()
-        return now, [Lease(r.lease_id, r.job_key, r.job_name, r.namespace, r.heartbeat_at, r.released_at)
-                     for r in rows]
+        return now, [Lease.from_row(row) for row in rows]
 
     def mark_removed(self, leases: list[Lease]) -> None:
         t = db.pool_leases

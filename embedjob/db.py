@@ -160,15 +160,20 @@ def vectors_table(name: str, dim: int, meta: sa.MetaData | None = None) -> sa.Ta
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 # Serialises concurrent migrations (several drivers starting at once).
 _MIGRATION_LOCK_ID = 0x656D6264  # "embd"
-# First key of the two-key advisory locks that serialise a pool's lease acquisition
-# (driver) against its removal (operator); the second key is hashtext(cluster/pool).
-# Two-key locks live in a key space apart from the one-key locks above.
-POOL_LOCK_CLASS = 0x706F6F6C  # "pool"
+# Two-key advisory locks: the first key says what kind of thing is locked, the second is
+# hashtext(its name). They live in a key space apart from the one-key lock above.
+JOB_LOCK = 0x6A6F6273  # "jobs": a job's run bookkeeping (two drivers of one job)
+TABLE_LOCK = 0x7461626C  # "tabl": creating a vectors table (drivers of two jobs)
+POOL_LOCK = 0x706F6F6C  # "pool": a pool's lease acquisition (driver) against its removal (operator)
 
 
-def pool_lock_sql(kind: str) -> sa.TextClause:
-    """`SELECT pg_advisory_<kind>(...)` on the pool's lock; binds :cluster and :pool."""
-    return sa.text(f"SELECT {kind}({POOL_LOCK_CLASS}, hashtext(:cluster || '/' || :pool))")
+def advisory_lock_sql(kind: str, scope: int) -> sa.TextClause:
+    """`SELECT pg_advisory_<kind>(scope, hashtext(:name))`, e.g. kind pg_advisory_xact_lock."""
+    return sa.text(f"SELECT {kind}({scope}, hashtext(:name))")
+
+
+def pool_lock_name(cluster: str, pool: str) -> str:
+    return f"{cluster}/{pool}"
 
 
 def migrate(url: str) -> None:

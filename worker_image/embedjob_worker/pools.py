@@ -13,7 +13,7 @@ no live lease remains, through the entrypoint of this module run on the cluster:
 
     python -m embedjob_worker.pools remove --pool NAME
 
-Acquisition and removal take the same advisory lock (`embedjob.db.pool_lock_sql`), so
+Acquisition and removal take the same advisory lock (`embedjob.db.POOL_LOCK`), so
 a job that starts while its pool is being removed waits and then creates new actors.
 """
 
@@ -60,7 +60,8 @@ def acquire_lease(engine: sa.Engine, pool: str, cluster: str, config: JobConfig,
     """Record that this job uses the pool; waits while the operator is removing it."""
     lease_id = str(uuid.uuid4())
     with engine.begin() as conn:
-        conn.execute(db.pool_lock_sql("pg_advisory_xact_lock"), {"cluster": cluster, "pool": pool})
+        conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.POOL_LOCK),
+                     {"name": db.pool_lock_name(cluster, pool)})
         conn.execute(db.pool_leases.insert().values(
             lease_id=lease_id, pool=pool, cluster=cluster, job_key=config.job_key, job_name=config.name,
             namespace=config.namespace, actors=actors))

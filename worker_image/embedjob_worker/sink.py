@@ -133,7 +133,7 @@ class PostgresSink:
         with self.engine.begin() as conn:
             # Drivers of two jobs sharing a table may start together; CREATE TABLE's
             # check-then-create is not atomic (a duplicate pg_type row otherwise).
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": f"embedjob-table:{self.table}"})
+            conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": self.table})
             db.vectors_table(self.table, dim).create(conn, checkfirst=True)
             existing = conn.execute(sa.text(
                 "SELECT atttypmod FROM pg_attribute WHERE attrelid = CAST(:t AS regclass) AND attname = 'embedding'"
@@ -150,7 +150,7 @@ class PostgresSink:
         refused = None
         with self.engine.begin() as conn:
             # Two drivers of the same job (an overlapping RayJob retry) must not both start a run.
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": self.job_key})
+            conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.JOB_LOCK), {"name": self.job_key})
             latest = conn.execute(
                 sa.select(runs.c.run_id, runs.c.input_fingerprint, runs.c.config_fingerprint)
                 .where(runs.c.job_key == self.job_key)
