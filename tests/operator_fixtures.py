@@ -33,6 +33,7 @@ import pytest
 
 from controller import permissions
 from embedjob import api
+from envtest.plugin import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -132,12 +133,6 @@ def events_for(kube, namespace: str, name: str) -> list[dict]:
 
 
 # --- the operator as a subprocess ---------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def grant_operator_permissions(kube, namespace: str, account: str = "embedjob-operator") -> str:

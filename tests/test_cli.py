@@ -3,7 +3,6 @@
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import pytest
 import yaml
 
 from embedjob.jobconfig import encode_job_config
+from envtest.plugin import free_port
 from embedjob_worker.logs import SecretMaskingFilter, mask_url
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,12 +39,6 @@ def run(args: list[str], env: dict | None = None, timeout: float = 300) -> subpr
                           env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # nothing listens once the socket is closed
-
-
 def test_a_manifest_with_bad_fields_exits_2_naming_the_fields(tmp_path):
     path = tmp_path / "bad.yaml"
     bad = manifest("in.jsonl", batchSize=0)
@@ -64,7 +58,7 @@ def test_cluster_mode_fails_fast_on_an_unreachable_ray_and_starts_no_local_ray(t
     ray_tmp.mkdir()
     env = {"EMBEDJOB_DATABASE_URL": "postgresql://u:secret@127.0.0.1:1/db", "RAY_TMPDIR": str(ray_tmp)}
     config = encode_job_config(manifest("s3://bucket/in.jsonl"))
-    address = f"127.0.0.1:{closed_port()}"
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there once the probe socket closed
     started = time.monotonic()
     result = run([*DRIVER, "--config-b64", config, "--ray-address", address], env=env, timeout=60)
     assert result.returncode == 3, result.stderr

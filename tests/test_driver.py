@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 import ray
 import sqlalchemy as sa
 
-from operator_fixtures import free_port
+from operator_fixtures import free_port, wait_until
 from pg_fixtures import query
 from embedjob.jobconfig import encode_job_config
 from embedjob_worker.config import JobConfig
@@ -72,13 +71,6 @@ def succeeded_batches(url: str) -> int:
         return query(url, "SELECT count(*) FROM embedjob_batches WHERE state = 'succeeded'")[0][0]
     except sa.exc.ProgrammingError:  # the driver has not migrated the database yet
         return 0
-
-
-def wait_until(condition, timeout_s: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
 
 
 def test_a_job_writes_one_row_per_valid_record_and_a_rerun_changes_nothing(ray_address, database_url, tmp_path):
@@ -169,7 +161,7 @@ def test_killing_an_actor_mid_job_loses_and_duplicates_nothing(ray_address, data
     outcome = {}
     driver = threading.Thread(target=lambda: outcome.update(summary=run_job(job, database_url)))
     driver.start()
-    wait_until(lambda: succeeded_batches(database_url) >= 3)
+    wait_until("3 batches to succeed", lambda: succeeded_batches(database_url) >= 3, timeout=180)
     ray.kill(ray.get_actor(worker_actor_name(job.job_key, 0, 0)))
     driver.join(timeout=300)
     summary = outcome["summary"]
@@ -197,7 +189,8 @@ def test_killing_the_driver_mid_job_loses_at_most_the_batches_in_flight(ray_addr
             [sys.executable, "-m", "embedjob_worker.driver", "--config-b64", encode_job_config(spec),
              "--ray-address", ray_address], env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            wait_until(lambda: succeeded_batches(database_url) >= 5 or process.poll() is not None)
+            wait_until("5 batches to succeed or the driver to end",
+                       lambda: succeeded_batches(database_url) >= 5 or process.poll() is not None, timeout=180)
         finally:
             process.send_signal(signal.SIGKILL)
             process.wait()

@@ -158,7 +158,7 @@ def _tail(path: Path, lines: int = 25) -> str:
         return "(no log)"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -441,7 +441,7 @@ def start_control_plane(workdir: Path, binaries: Binaries) -> tuple[Kube, list[s
     procs: list[subprocess.Popen] = []
     try:
         # --- etcd
-        etcd_port, peer_port = _free_port(), _free_port()
+        etcd_port, peer_port = free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         etcd_log = workdir / "etcd.log"
@@ -467,7 +467,7 @@ def start_control_plane(workdir: Path, binaries: Binaries) -> tuple[Kube, list[s
         _wait_for("etcd", lambda: _http_ok(f"{etcd_url}/health"), 60, etcd, etcd_log)
 
         # --- kube-apiserver
-        port = _free_port()
+        port = free_port()
         server = f"https://127.0.0.1:{port}"
         apiserver_log = workdir / "kube-apiserver.log"
         apiserver = _spawn([
@@ -590,7 +590,7 @@ def kuberay_operator(kube: Kube) -> Iterator[KubeRayOperator]:
     workdir = kube.workdir / "kuberay-operator"
     workdir.mkdir(exist_ok=True)
     kubeconfig = kube.kubeconfig_for_user("kuberay-operator", ["system:masters"])
-    metrics_port, probe_port = _free_port(), _free_port()
+    metrics_port, probe_port = free_port(), free_port()
     log_path = workdir / "operator.log"
     env = {**os.environ, "KUBECONFIG": kubeconfig, "ENABLE_WEBHOOKS": "false"}
     proc = _spawn([
