@@ -18,7 +18,6 @@ import base64
 import datetime as dt
 import json
 import logging
-import shlex
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from embedjob import db
+from embedjob.contract import pool_removal_command
 
 from . import metrics
 from .kube import Cluster
@@ -39,7 +39,6 @@ from .settings import Settings
 
 log = logging.getLogger("controller.pools")
 
-POOLS_MODULE = "embedjob_worker.pools"
 # KubeRay's defaults: the head Service `<cluster>-head-svc`, the dashboard on 8265, and
 # the token Secret named like the cluster with the key `auth_token`.
 DASHBOARD_PORT = 8265
@@ -124,7 +123,7 @@ class RayJobsClient:
 
 
 def removal_entrypoint(pool: str) -> str:
-    return shlex.join(["python", "-m", POOLS_MODULE, "remove", "--pool", pool])
+    return pool_removal_command(pool)
 
 
 @dataclass(frozen=True)

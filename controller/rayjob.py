@@ -11,12 +11,11 @@ import copy
 import hashlib
 import math
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Any
 
 from embedjob import api
-from embedjob.jobconfig import encode_job_config
+from embedjob.contract import DATABASE_URL_ENV, driver_command
 
 from .settings import Settings
 
@@ -32,8 +31,6 @@ LABEL_JOB_UID = "embedjob.dev/job-uid"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "embedjob"
 
-DATABASE_URL_ENV = "EMBEDJOB_DATABASE_URL"
-DRIVER_MODULE = "embedjob_worker.driver"
 WORKER_GROUP = "embedders"
 GPU_RESOURCE = "nvidia.com/gpu"
 # The head runs the driver and Ray's control processes, no EmbeddingWorker actors
@@ -114,7 +111,7 @@ def owner_reference(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def entrypoint(job: dict[str, Any]) -> str:
-    return shlex.join(["python", "-m", DRIVER_MODULE, "--config-b64", encode_job_config(job)])
+    return driver_command(job)
 
 
 def _container(name: str, image: str, env: list, resources: dict) -> dict[str, Any]:

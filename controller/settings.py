@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Mapping
 
+from embedjob.contract import DATABASE_URL_ENV
+
 
 class SettingsError(ValueError):
     """An environment variable holds a value the operator cannot use."""
@@ -73,7 +75,7 @@ class Settings:
             watch_namespaces=namespaces,
             worker_image=text("EMBEDJOB_WORKER_IMAGE", DEFAULT_WORKER_IMAGE),
             ray_version=text("EMBEDJOB_RAY_VERSION", DEFAULT_RAY_VERSION),
-            database_url=env.get("EMBEDJOB_DATABASE_URL", "").strip() or None,
+            database_url=env.get(DATABASE_URL_ENV, "").strip() or None,
             health_port=number("EMBEDJOB_HEALTH_PORT", 8080, 1, int),
             metrics_port=number("EMBEDJOB_METRICS_PORT", 9090, 0, int),
             progress_interval_seconds=number("EMBEDJOB_PROGRESS_INTERVAL_SECONDS", 10.0, 0.1),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from embedjob.api import JobState
+from embedjob.contract import EXIT_REASONS
 
 from .acceptance import ACCEPTED, Verdict
 from .progress import RunProgress
@@ -24,10 +25,9 @@ FINAL_STATES = (JobState.complete.value, JobState.failed.value)
 MAX_MESSAGE = 1024
 MAX_MIRRORED_MESSAGE = 4096
 
-# The driver's exit codes (embedjob_worker.driver) as KubeRay reports them in the
-# RayJob's message ("Job entrypoint command failed with exit code 2, ...").
+# The driver's exit code as KubeRay reports it in the RayJob's message
+# ("Job entrypoint command failed with exit code 2, ...").
 EXIT_CODE = re.compile(r"exit code (\d+)")
-DRIVER_EXIT_REASONS = {2: "InvalidSpec", 3: "RayUnavailable", 4: "DatabaseUnavailable"}
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,8 @@ def failure(rayjob_status: dict[str, Any], run: RunProgress | None) -> tuple[str
     if rayjob_status.get("reason") in ("DeadlineExceeded", "PreRunningDeadlineExceeded"):
         return "DeadlineExceeded", message
     exit_code = EXIT_CODE.search(message)
-    if exit_code and int(exit_code.group(1)) in DRIVER_EXIT_REASONS:
-        return DRIVER_EXIT_REASONS[int(exit_code.group(1))], message
+    if exit_code and int(exit_code.group(1)) in EXIT_REASONS:
+        return EXIT_REASONS[int(exit_code.group(1))], message
     if rayjob_status.get("jobStatus") == "STOPPED":
         return "RayJobStopped", message
     return "RayJobFailed", message or f"RayJob {rayjob_status.get('jobDeploymentStatus', '')}".strip()

@@ -339,13 +339,20 @@ class JobState(str, Enum):
     failed = "Failed"
 
 
-class Progress(ApiModel):
-    batches_total: int | None = Field(None, ge=0)
+class RunCounters(ApiModel):
+    """A run's counters, one definition: the driver writes them into the run row
+    (`embedjob_runs`, snake_case columns), the operator shows them as `status.progress`."""
+
+    batches_total: int | None = Field(None, ge=0, description="Known once the input has been read through.")
     batches_succeeded: int = Field(0, ge=0)
     batches_failed: int = Field(0, ge=0)
+    records_total: int | None = Field(None, ge=0, description="Known once the input has been read through.")
     records_embedded: int = Field(0, ge=0)
     records_failed: int = Field(0, ge=0)
     texts_per_second: float = Field(0, ge=0)
+
+
+class Progress(RunCounters):
     summary: str | None = Field(None, max_length=64, description="e.g. 120/400 batches, for printer columns.")
 
 

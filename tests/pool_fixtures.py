@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from controller.pools import DashboardError, RayJobsClient
-from embedjob.jobconfig import encode_job_config
+from embedjob.contract import encode_job_config
 from operator_fixtures import REPO, free_port, ray_head_command, wait_until
 
 SHARED_CLUSTER = "shared"

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from embedjob.api import SpecError
-from embedjob.jobconfig import decode_job_config, encode_job_config
+from embedjob.contract import decode_job_config, encode_job_config
 from embedjob_worker.batching import InFlightBatches, batch_id, batch_key, length_sorted_windows, make_batches
 from embedjob_worker.records import Record
 

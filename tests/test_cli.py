@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from embedjob.jobconfig import encode_job_config
+from embedjob.contract import encode_job_config
 from envtest.plugin import free_port
 from embedjob_worker.logs import SecretMaskingFilter, mask_url
 

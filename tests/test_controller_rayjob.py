@@ -17,7 +17,7 @@ from controller.rayjob import (
 )
 from controller.settings import Settings
 from embedjob import api
-from embedjob.jobconfig import decode_job_config
+from embedjob.contract import decode_job_config
 from operator_fixtures import MINIMAL_SPEC, merged
 
 SETTINGS = Settings.from_env({"EMBEDJOB_WORKER_IMAGE": "registry.example/worker:1", "EMBEDJOB_RAY_VERSION": "2.60.0"})

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from operator_fixtures import free_port, wait_until
 from pg_fixtures import query
-from embedjob.jobconfig import encode_job_config
+from embedjob.contract import encode_job_config
 from embedjob_worker.config import JobConfig
 from embedjob_worker.driver import DriverOptions, run_job, worker_actor_name
 from embedjob_worker.metrics import DriverMetrics

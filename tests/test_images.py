@@ -22,10 +22,11 @@ from pathlib import Path
 import yaml
 from packaging.requirements import Requirement
 
+from embedjob.contract import DRIVER_MODULE
+
 REPO = Path(__file__).resolve().parent.parent
 WORKER_DOCKERFILE = REPO / "worker_image" / "Dockerfile"
 CONTROLLER_DOCKERFILE = REPO / "controller" / "Dockerfile"
-DRIVER_MODULE = "embedjob_worker.driver"
 #: what the controller image must never contain (the design: its image stays small)
 HEAVY_DISTRIBUTIONS = {"ray", "torch", "sentence-transformers", "transformers", "pyarrow"}
 #: the uid of the `ray` user in the official Ray images

@@ -14,9 +14,10 @@ from pathlib import Path
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 from embedjob.api import SpecError  # noqa: E402
+from embedjob.contract import DATABASE_URL_ENV, ExitCode  # noqa: E402
 
 from .config import JobConfig  # noqa: E402
-from .driver import DATABASE_URL_ENV, EXIT_INVALID_CONFIG, EXIT_JOB_FAILED, EXIT_SUCCEEDED, unreachable_exit_code  # noqa: E402
+from .driver import unreachable_exit_code  # noqa: E402
 from .errors import Unreachable  # noqa: E402
 from .logs import configure_logging, mask_url  # noqa: E402
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         config = JobConfig.from_file(args.manifest)
     except (SpecError, OSError) as exc:
         print(f"embedjob: invalid manifest {args.manifest}: {exc}", file=sys.stderr)
-        return EXIT_INVALID_CONFIG
+        return ExitCode.INVALID_CONFIG
     with ExitStack() as stack:
         url = args.database_url or _local_database(stack)
         configure_logging(secrets=[url], level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
@@ -100,7 +101,7 @@ def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
         finally:
             ray.shutdown()
     _print_summary(summary)
-    return EXIT_SUCCEEDED if summary.state == "succeeded" else EXIT_JOB_FAILED
+    return ExitCode.SUCCEEDED if summary.state == "succeeded" else ExitCode.JOB_FAILED
 
 
 def _print_summary(summary) -> None:
@@ -143,11 +144,11 @@ def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
         raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
     except sa.exc.ProgrammingError:
         print(f"embedjob: no vectors yet: run `embedjob run {args.manifest}` first", file=sys.stderr)
-        return EXIT_JOB_FAILED
+        return ExitCode.JOB_FAILED
     finally:
         engine.dispose()
     for record_id, distance, text in rows:
         snippet = " ".join(text.split())
         snippet = snippet if len(snippet) <= SNIPPET_CHARS else snippet[: SNIPPET_CHARS - 1] + "…"
         print(f"{distance:.4f}  {record_id}  {snippet}")
-    return EXIT_SUCCEEDED
+    return ExitCode.SUCCEEDED

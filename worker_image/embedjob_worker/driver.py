@@ -33,7 +33,7 @@ import sqlalchemy as sa
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from embedjob.api import SpecError
-from embedjob.jobconfig import decode_job_config
+from embedjob.contract import CONFIG_FLAG, DATABASE_URL_ENV, FAULT_INJECTION_ENV, ExitCode, decode_job_config
 
 from .actors import EmbeddingWorker
 from .batching import Batch, InFlightBatches, batch_key, make_batches
@@ -49,10 +49,6 @@ from .source import input_fingerprint, read_records, resolve_uri
 
 log = logging.getLogger("embedjob_worker.driver")
 
-EXIT_SUCCEEDED, EXIT_JOB_FAILED, EXIT_INVALID_CONFIG, EXIT_RAY_UNREACHABLE, EXIT_DATABASE_UNREACHABLE = 0, 1, 2, 3, 4
-DATABASE_URL_ENV = "EMBEDJOB_DATABASE_URL"
-# Test hook, JSON passed to every actor; see EmbeddingWorker.
-FAULT_INJECTION_ENV = "EMBEDJOB_FAULT_INJECTION"
 # Finished batches written per transaction at most; more waiting means the sink is behind.
 _MAX_GROUP_BATCHES = 64
 _HEARTBEAT_S = 5.0
@@ -605,7 +601,7 @@ def fault_injection_from_env() -> dict | None:
 
 def unreachable_exit_code(exc: Unreachable) -> int:
     """3 for Ray, 4 for the database: the operator turns them into RayUnavailable / DatabaseUnavailable."""
-    return EXIT_RAY_UNREACHABLE if isinstance(exc, RayUnreachable) else EXIT_DATABASE_UNREACHABLE
+    return ExitCode.RAY_UNREACHABLE if isinstance(exc, RayUnreachable) else ExitCode.DATABASE_UNREACHABLE
 
 
 def connect_ray(address: str, timeout_s: float = 10.0) -> None:
@@ -629,7 +625,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m embedjob_worker.driver", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     config = parser.add_mutually_exclusive_group(required=True)
-    config.add_argument("--config-b64", help="base64 of the job config JSON (embedjob.jobconfig.encode_job_config)")
+    config.add_argument(CONFIG_FLAG, help="base64 of the job config JSON (embedjob.contract.encode_job_config)")
     config.add_argument("--config", help="the EmbeddingJob manifest as a YAML or JSON file")
     parser.add_argument("--ray-address", help="Ray cluster to connect to (default: $RAY_ADDRESS)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
@@ -647,15 +643,15 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, OSError) as exc:
         log_event(log, "invalid_config", logging.ERROR, error=str(exc))
         print(f"invalid job config: {exc}", file=sys.stderr)
-        return EXIT_INVALID_CONFIG
+        return ExitCode.INVALID_CONFIG
     if not database_url:
         print(f"invalid job config: {DATABASE_URL_ENV} is not set", file=sys.stderr)
-        return EXIT_INVALID_CONFIG
+        return ExitCode.INVALID_CONFIG
     address = args.ray_address or os.environ.get("RAY_ADDRESS")
     if not address:
         print("no Ray cluster given: pass --ray-address or set RAY_ADDRESS (the driver never starts Ray itself)",
               file=sys.stderr)
-        return EXIT_RAY_UNREACHABLE
+        return ExitCode.RAY_UNREACHABLE
     log_event(log, "driver_starting", job=config.job_key, ray_address=address, database=mask_url(database_url))
     try:
         connect_ray(address)
@@ -668,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
         log_event(log, "unreachable", logging.ERROR, error=str(exc))
         print(str(exc), file=sys.stderr)
         return unreachable_exit_code(exc)
-    return EXIT_SUCCEEDED if summary.state == "succeeded" else EXIT_JOB_FAILED
+    return ExitCode.SUCCEEDED if summary.state == "succeeded" else ExitCode.JOB_FAILED
 
 
 if __name__ == "__main__":
