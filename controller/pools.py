@@ -30,11 +30,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from embedjob import db
+from embedjob.db import engine_url
 from embedjob.contract import pool_removal_command
 
 from . import metrics
 from .kube import Cluster
-from .progress import engine_url
 from .settings import Settings
 
 log = logging.getLogger("controller.pools")

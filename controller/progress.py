@@ -11,9 +11,8 @@ import datetime as dt
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 
-from embedjob.db import runs
+from embedjob.db import engine_url, runs
 
 CONNECT_TIMEOUT_SECONDS = 5
 STATEMENT_TIMEOUT_MS = 5000
@@ -38,12 +37,6 @@ class RunProgress:
 
 class ProgressUnavailable(Exception):
     """The database could not be read; the message is safe to show (no credentials)."""
-
-
-def engine_url(url: str) -> sa.URL:
-    """The URL with psycopg 3 as the driver (a bare postgresql:// would mean psycopg2)."""
-    parsed = make_url(url)
-    return parsed.set(drivername="postgresql+psycopg") if parsed.drivername == "postgresql" else parsed
 
 
 class ProgressReader:

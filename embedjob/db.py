@@ -176,12 +176,21 @@ def pool_lock_name(cluster: str, pool: str) -> str:
     return f"{cluster}/{pool}"
 
 
-def migrate(url: str) -> None:
+def engine_url(url: str | sa.URL) -> sa.URL:
+    """The URL with psycopg 3 as the driver: the plain libpq URLs people keep in Secrets
+    (postgresql://, postgres://) would otherwise mean psycopg2 or nothing at all."""
+    parsed = sa.engine.make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        return parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def migrate(url: str | sa.URL) -> None:
     """Bring the bookkeeping tables to the newest schema (idempotent, concurrency-safe)."""
     from alembic import command
     from alembic.config import Config
 
-    engine = sa.create_engine(url)
+    engine = sa.create_engine(engine_url(url))
     try:
         with engine.begin() as conn:
             # Locked first: CREATE EXTENSION IF NOT EXISTS races too (two drivers of a new database).

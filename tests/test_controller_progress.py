@@ -8,7 +8,8 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from controller.progress import ProgressReader, ProgressUnavailable, engine_url
+from controller.progress import ProgressReader, ProgressUnavailable
+from embedjob.db import engine_url
 from embedjob.db import migrate, runs
 from operator_fixtures import free_port
 
@@ -66,3 +67,4 @@ def test_database_outage_is_reported_without_credentials():
 def test_plain_postgresql_urls_use_psycopg3():
     assert engine_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
     assert engine_url("postgresql+psycopg://u@h/db").drivername == "postgresql+psycopg"
+    assert engine_url("postgres://u@h/db").drivername == "postgresql+psycopg"

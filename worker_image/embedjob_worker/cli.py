@@ -13,6 +13,7 @@ from pathlib import Path
 # machine's network address. Ray reads this once, when it is first imported (below).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
+from embedjob import db  # noqa: E402
 from embedjob.api import SpecError  # noqa: E402
 from embedjob.contract import DATABASE_URL_ENV, ExitCode  # noqa: E402
 
@@ -126,13 +127,12 @@ def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     import sqlalchemy as sa
 
     from .model import load_model, resolve_model
-    from .sink import sqlalchemy_url
 
     resolved = resolve_model(config.spec.model)
     model = load_model(resolved, device="cpu")
     query = model.encode([args.query], normalize_embeddings=True, convert_to_numpy=True)[0]
     vector = "[" + ",".join(f"{x:.7g}" for x in query) + "]"
-    engine = sa.create_engine(sqlalchemy_url(url))
+    engine = sa.create_engine(db.engine_url(url))
     try:
         with engine.connect() as conn:
             rows = conn.execute(sa.text(

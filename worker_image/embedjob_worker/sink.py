@@ -49,14 +49,6 @@ def now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def sqlalchemy_url(url: str) -> str:
-    """Accept the plain libpq URLs people keep in Secrets; always drive them with psycopg 3."""
-    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
-    return url
-
-
 @dataclass
 class AttemptRow:
     attempt: int
@@ -120,14 +112,14 @@ def copy_payload(outcomes: list[BatchOutcome], salt: bytes) -> bytes:
 class PostgresSink:
     def __init__(self, url: str, job_key: str, collection: str, table: str, salt: bytes):
         self.url = url
-        self.engine = sa.create_engine(sqlalchemy_url(url), pool_pre_ping=True, pool_size=2)
+        self.engine = sa.create_engine(db.engine_url(url), pool_pre_ping=True, pool_size=2)
         self.job_key, self.collection, self.table, self.salt = job_key, collection, table, salt
         self.merge_sql = _MERGE_SQL.format(table=table)
         self.model = self.revision = None  # set by start_run
         self.lease_id: str | None = None  # the run's pool lease, heart-beaten with the run
 
     def migrate(self) -> None:
-        db.migrate(sqlalchemy_url(self.url))
+        db.migrate(self.url)
 
     def ensure_vectors_table(self, dim: int) -> None:
         with self.engine.begin() as conn:
