@@ -5,8 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
+import unicodedata
 from typing import Any
 
+# A JSONL line or CSV row longer than this is recorded as oversized and skipped without
+# being held in memory; far above any text a model embeds whole (see spec.model.maxSeqLength).
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+# Record ids are part of the vectors table's primary key: PostgreSQL's btree entries stop
+# at about 2.7 kB, so longer ids could never be written.
+MAX_ID_BYTES = 1024
 
 class BadReason(str, Enum):
     missing_id = "missing_id"
@@ -16,6 +23,9 @@ class BadReason(str, Enum):
     empty_text = "empty_text"
     invalid_utf8 = "invalid_utf8"
     malformed_record = "malformed_record"  # a line/row that is not a record at all
+    oversized_record = "oversized_record"  # a line/row over MAX_RECORD_BYTES, skipped unread
+    contains_nul = "contains_nul"  # PostgreSQL text cannot store U+0000
+    id_too_long = "id_too_long"  # over MAX_ID_BYTES: no index (vectors' primary key) can hold it
     # Not a rejection: the text was cut to the model's token limit, embedded and counted.
     truncated = "truncated"
 
@@ -58,14 +68,43 @@ def _record_id(value: Any) -> str | None:
     return None
 
 
-def _is_valid_utf8(text: str) -> bool:
-    # Readers decode with surrogateescape, so undecodable bytes (and lone surrogates from
-    # JSON escapes, which PostgreSQL rejects too) show up here as unencodable characters.
+def _utf8_length(text: str) -> int | None:
+    """The UTF-8 size of `text`; None when it has characters UTF-8 (and PostgreSQL) cannot encode.
+
+    Readers decode with surrogateescape, so undecodable bytes (and lone surrogates from
+    JSON escapes) show up here as unencodable characters.
+    """
     try:
-        text.encode("utf-8")
+        return len(text.encode("utf-8"))
     except UnicodeEncodeError:
-        return False
-    return True
+        return None
+
+
+def _is_blank(text: str) -> bool:
+    """Nothing a model could read: white space and invisible format characters (zero-width
+    spaces and joiners, BOMs, soft hyphens) only. Stops at the first visible character."""
+    return all(c.isspace() or unicodedata.category(c) == "Cf" for c in text)
+
+
+def _text_problem(text: str) -> tuple[BadReason, str] | None:
+    """Why PostgreSQL could not store this (non-empty) text, or None."""
+    if _utf8_length(text) is None:
+        return BadReason.invalid_utf8, "text is not valid UTF-8"
+    nul = text.find("\x00")
+    if nul >= 0:
+        return BadReason.contains_nul, f"text has a NUL character at offset {nul}"
+    return None
+
+
+def _id_problem(record_id: str) -> tuple[BadReason, str] | None:
+    size = _utf8_length(record_id)
+    if size is None:
+        return BadReason.invalid_utf8, "id is not valid UTF-8"
+    if "\x00" in record_id:
+        return BadReason.contains_nul, "id has a NUL character"
+    if size > MAX_ID_BYTES:
+        return BadReason.id_too_long, f"id is {size} bytes, more than {MAX_ID_BYTES}"
+    return None
 
 
 def classify_records(raw_records: Iterable[RawRecord]) -> Iterator[Record | BadRecord]:
@@ -80,10 +119,12 @@ def classify_records(raw_records: Iterable[RawRecord]) -> Iterator[Record | BadR
             yield BadRecord(raw.position, _record_id(raw.id), raw.problem, raw.detail)
             continue
         record_id = _record_id(raw.id)
+        id_problem = _id_problem(record_id) if record_id is not None else None
         if record_id is None:
             yield BadRecord(raw.position, None, BadReason.missing_id, f"id is {raw.id!r}"[:200])
-        elif not _is_valid_utf8(record_id):
-            yield BadRecord(raw.position, None, BadReason.invalid_utf8, "id is not valid UTF-8")
+        elif id_problem is not None:
+            # The id itself cannot be stored: the error row names the record by position only.
+            yield BadRecord(raw.position, None, *id_problem)
         elif record_id in seen_ids:
             yield BadRecord(raw.position, record_id, BadReason.duplicate_id, "id seen earlier in the input")
         else:
@@ -93,9 +134,10 @@ def classify_records(raw_records: Iterable[RawRecord]) -> Iterator[Record | BadR
                 yield BadRecord(raw.position, record_id, BadReason.null_text)
             elif not isinstance(text, str):
                 yield BadRecord(raw.position, record_id, BadReason.non_string_text, f"text is a {type(text).__name__}")
-            elif not _is_valid_utf8(text):
-                yield BadRecord(raw.position, record_id, BadReason.invalid_utf8, "text is not valid UTF-8")
-            elif not text.strip():
-                yield BadRecord(raw.position, record_id, BadReason.empty_text)
+            elif _is_blank(text):
+                yield BadRecord(raw.position, record_id, BadReason.empty_text,
+                                "only white space or invisible characters")
+            elif (problem := _text_problem(text)) is not None:
+                yield BadRecord(raw.position, record_id, *problem)
             else:
                 yield Record(raw.position, record_id, text)

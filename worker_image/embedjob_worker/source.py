@@ -1,8 +1,11 @@
 """Streaming readers for the job's input: JSONL, CSV and Parquet, local or via fsspec.
 
 Nothing here loads a whole file: JSONL and CSV are read line by line, Parquet batch by
-batch (pyarrow `iter_batches`). Bytes that are not UTF-8 are kept (surrogateescape) so
+batch (pyarrow `iter_batches`), and a line over MAX_RECORD_BYTES is skipped in bounded
+pieces and recorded as oversized. Bytes that are not UTF-8 are kept (surrogateescape) so
 that the record is still identified and rejected as `invalid_utf8`, not the whole file.
+A record the reader cannot parse (deep nesting, a cut-off compressed stream) is a bad
+record with a reason; the records around it are read as usual.
 """
 
 from __future__ import annotations
@@ -11,14 +14,52 @@ import csv
 import hashlib
 import io
 import json
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import fsspec
 
-from .records import BadReason, RawRecord
+from .records import MAX_RECORD_BYTES, BadReason, RawRecord
 
 _PARQUET_BATCH_ROWS = 4096
+_BOM = "\ufeff"
+# What a compressed input that ends early raises (gzip/bz2/lzma through fsspec).
+_CUT_OFF_STREAM = (EOFError, zlib.error)
+_CUT_OFF_DETAIL = "the input ends in the middle of a compressed stream (a truncated file?)"
+
+
+class OversizedLine:
+    """Stands for a line over MAX_RECORD_BYTES that was skipped without being kept."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    @property
+    def detail(self) -> str:
+        return f"line of {self.size} bytes or more, over the limit of {MAX_RECORD_BYTES}"
+
+
+def bounded_lines(f: IO, limit: int = MAX_RECORD_BYTES) -> Iterator:
+    """The lines of a file object (bytes or str), an OversizedLine for each one over `limit`.
+
+    A file without newlines is read in pieces of `limit`, so memory stays bounded.
+    """
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit:
+            yield line
+            continue
+        size = len(line)
+        while not line.endswith(("\n", b"\n")[isinstance(line, bytes)]):
+            line = f.readline(limit)
+            if not line:
+                break
+            size += len(line)
+        yield OversizedLine(size)
 # fsspec `info` keys that change when an object's content does (local mtime, S3/GCS etag...).
 _VERSION_KEYS = ("mtime", "LastModified", "last_modified", "ETag", "etag", "md5Hash", "generation", "updated")
 
@@ -54,7 +95,7 @@ def count_records(uri: str, fmt: str) -> int | None:
     if "://" in uri and not uri.startswith("file://"):
         return None
     with fsspec.open(uri, "rb", compression="infer") as f:
-        lines = sum(1 for line in f if line.strip())
+        lines = sum(1 for line in bounded_lines(f) if isinstance(line, OversizedLine) or line.strip())
     # The CSV header is not a record; quoted multi-line CSV cells make this an estimate.
     return lines - 1 if fmt == "csv" else lines
 
@@ -62,27 +103,82 @@ def count_records(uri: str, fmt: str) -> int | None:
 def _read_jsonl(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
     with fsspec.open(uri, "rb", compression="infer") as f:
         position = 0
-        for line in f:
-            if not line.strip():
-                continue
+        lines = bounded_lines(f)
+        while True:
             try:
-                obj = json.loads(line.decode("utf-8", errors="surrogateescape"))
-            except ValueError as exc:
-                yield RawRecord(position, None, None, BadReason.malformed_record, f"not JSON: {exc}"[:200])
+                line = next(lines, None)
+            except _CUT_OFF_STREAM:
+                yield RawRecord(position, None, None, BadReason.malformed_record, _CUT_OFF_DETAIL)
+                return
+            if line is None:
+                return
+            if isinstance(line, OversizedLine):
+                yield RawRecord(position, None, None, BadReason.oversized_record, line.detail)
+            elif line.strip():
+                yield _jsonl_record(position, line.decode("utf-8", errors="surrogateescape").removeprefix(_BOM),
+                                    id_field, text_field)
             else:
-                if isinstance(obj, dict):
-                    yield RawRecord(position, obj.get(id_field), obj.get(text_field))
-                else:
-                    yield RawRecord(position, None, None, BadReason.malformed_record, "not a JSON object")
+                continue
             position += 1
 
 
+def _jsonl_record(position: int, line: str, id_field: str, text_field: str) -> RawRecord:
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        return RawRecord(position, None, None, BadReason.malformed_record, f"not JSON: {exc}"[:200])
+    except RecursionError:
+        return RawRecord(position, None, None, BadReason.malformed_record, "JSON nested too deeply")
+    if not isinstance(obj, dict):
+        return RawRecord(position, None, None, BadReason.malformed_record, "not a JSON object")
+    return RawRecord(position, obj.get(id_field), obj.get(text_field))
+
+
+def _csv_lines(text: IO[str], skipped: list[OversizedLine]) -> Iterator[str]:
+    """The CSV's physical lines; an oversized one becomes a line the parser rejects as an
+    over-long field (and is noted in `skipped`), so it costs one record, not the file."""
+    for line in bounded_lines(text):
+        if isinstance(line, OversizedLine):
+            skipped.append(line)
+            line = '"' + "x" * (MAX_RECORD_BYTES + 1) + "\n"
+        yield line
+
+
 def _read_csv(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
+    # A cell may be as large as a record may be (the csv module's default stops at 128 KiB).
+    csv.field_size_limit(MAX_RECORD_BYTES)
     with fsspec.open(uri, "rb", compression="infer") as raw:
-        text = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
-        for position, row in enumerate(csv.DictReader(text)):
-            # DictReader gives None for cells missing from a short row: the CSV form of null.
-            yield RawRecord(position, row.get(id_field), row.get(text_field))
+        # utf-8-sig: a BOM is not part of the first column's name.
+        text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
+        skipped: list[OversizedLine] = []
+        rows = csv.reader(_csv_lines(text, skipped))
+        try:
+            header = next(rows, None)
+        except (csv.Error, *_CUT_OFF_STREAM) as exc:
+            raise ValueError(f"the CSV header cannot be read: {exc}") from None
+        if header is None:
+            return
+        position = 0
+        while True:
+            try:
+                row = next(rows, None)
+            except csv.Error as exc:
+                detail = skipped.pop().detail if skipped else f"not a CSV row: {exc}"
+                yield RawRecord(position, None, None, BadReason.oversized_record if "field larger" in str(exc)
+                                else BadReason.malformed_record, detail[:200])
+                position += 1
+                continue
+            except _CUT_OFF_STREAM:
+                yield RawRecord(position, None, None, BadReason.malformed_record, _CUT_OFF_DETAIL)
+                return
+            if row is None:
+                return
+            if not row:  # a blank line is no record (as csv.DictReader has it)
+                continue
+            cells = dict(zip(header, row))
+            # A cell missing from a short row is None: the CSV form of null.
+            yield RawRecord(position, cells.get(id_field), cells.get(text_field))
+            position += 1
 
 
 def _read_parquet(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:

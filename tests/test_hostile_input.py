@@ -1,0 +1,180 @@
+"""A catalogue of hostile records through the real readers and checks (JSONL, CSV, Parquet).
+
+Each record is either read as a valid record (and later embedded) or rejected with a
+named reason; the records around it are read exactly; nothing raises. The same catalogue
+runs end to end through the driver in the integration tier.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tracemalloc
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from embedjob_worker.records import MAX_ID_BYTES, MAX_RECORD_BYTES, BadReason, BadRecord, Record, classify_records
+from embedjob_worker.source import OversizedLine, bounded_lines, count_records, read_records
+
+OK = "ok"  # read as a valid record
+HUGE = MAX_RECORD_BYTES + 10
+LONG_TEXT = " ".join(["embedding"] * 20_000)
+
+# (name, JSONL line as bytes, expected outcome: OK, or the BadReason)
+JSONL_CATALOGUE = [
+    ("nul in text", b'{"id": "nul-text", "text": "a\\u0000b"}', BadReason.contains_nul),
+    ("nul in id", b'{"id": "nul\\u0000id", "text": "fine"}', BadReason.contains_nul),
+    ("lone surrogate in text", b'{"id": "sur-text", "text": "x \\ud800 y"}', BadReason.invalid_utf8),
+    ("lone surrogate in id", b'{"id": "sur\\udfffid", "text": "fine"}', BadReason.invalid_utf8),
+    ("invalid utf-8 in text", b'{"id": "bytes", "text": "caf\xe9 \xff"}', BadReason.invalid_utf8),
+    ("invalid utf-8 in id", b'{"id": "\xc3\x28", "text": "fine"}', BadReason.invalid_utf8),
+    ("deep nesting", b"[" * 100_000, BadReason.malformed_record),
+    ("deep nesting in a value", b'{"id": "deep", "text": ' + b"[" * 100_000 + b"}", BadReason.malformed_record),
+    ("huge line", b'{"id": "huge", "text": "' + b"y" * HUGE + b'"}', BadReason.oversized_record),
+    ("array", b'["arr", "text"]', BadReason.malformed_record),
+    ("string", b'"just a string"', BadReason.malformed_record),
+    ("trailing garbage", b'{"id": "tg", "text": "t"} garbage', BadReason.malformed_record),
+    ("number id", b'{"id": 42, "text": "the answer"}', OK),
+    ("float id", b'{"id": 1.5, "text": "a float id"}', BadReason.missing_id),
+    ("boolean id", b'{"id": true, "text": "a boolean id"}', BadReason.missing_id),
+    ("object id", b'{"id": {"k": 1}, "text": "an object id"}', BadReason.missing_id),
+    ("blank id", b'{"id": "   ", "text": "a blank id"}', BadReason.missing_id),
+    ("id too long", json.dumps({"id": "i" * (MAX_ID_BYTES + 1), "text": "t"}).encode(), BadReason.id_too_long),
+    ("id at the limit", json.dumps({"id": "j" * MAX_ID_BYTES, "text": "t"}).encode(), OK),
+    ("null text", b'{"id": "null", "text": null}', BadReason.null_text),
+    ("missing text", b'{"id": "notext"}', BadReason.null_text),
+    ("object text", b'{"id": "objtext", "text": {"a": 1}}', BadReason.non_string_text),
+    ("number text", b'{"id": "numtext", "text": 3.25}', BadReason.non_string_text),
+    ("zero-width only", '{"id": "zw", "text": "\u200b\u200d\u2060\ufeff"}'.encode(), BadReason.empty_text),
+    ("white space only", b'{"id": "ws", "text": " \\t\\n "}', BadReason.empty_text),
+    ("right-to-left", '{"id": "rtl", "text": "مرحبا بالعالم שלום עולם"}'.encode(), OK),
+    ("emoji", '{"id": "emoji", "text": "🚀 launch 👩‍🚀 zero-width joiner"}'.encode(), OK),
+    ("control characters", b'{"id": "ctl", "text": "bell\\u0007 and escape\\u001b"}', OK),
+    ("over-long text", json.dumps({"id": "long", "text": LONG_TEXT}).encode(), OK),
+    ("first of an id", b'{"id": "dup", "text": "the first one wins"}', OK),
+    ("crlf line", b'{"id": "crlf", "text": "windows line"}\r', OK),
+]
+FILLER = [json.dumps({"id": f"fill-{i}", "text": f"ordinary text {i}"}).encode() for i in range(50)]
+DUPLICATE = ("duplicate far apart", b'{"id": "dup", "text": "a later copy"}', BadReason.duplicate_id)
+
+
+def outcomes(uri: str, fmt: str) -> list[Record | BadRecord]:
+    return list(classify_records(read_records(uri, fmt, "id", "text")))
+
+
+def outcome_of(item: Record | BadRecord):
+    return OK if isinstance(item, Record) else item.reason
+
+
+def test_jsonl_catalogue_each_record_read_or_rejected_with_its_reason(tmp_path):
+    entries = [*JSONL_CATALOGUE, *[("filler", line, OK) for line in FILLER], DUPLICATE]
+    path = tmp_path / "hostile.jsonl"
+    # A BOM at the start, a blank line in the middle, no newline at the end.
+    path.write_bytes(b"\xef\xbb\xbf" + b"\n".join(line for _, line, _ in entries[:10]) + b"\n\n  \n"
+                     + b"\n".join(line for _, line, _ in entries[10:]))
+    got = outcomes(str(path), "jsonl")
+    assert [outcome_of(item) for item in got] == [expected for _, _, expected in entries], \
+        [(name, outcome_of(item)) for (name, _, _), item in zip(entries, got)]
+    assert [item.position for item in got] == list(range(len(entries)))
+    valid = {item.id: item.text for item in got if isinstance(item, Record)}
+    assert valid["42"] == "the answer" and valid["dup"] == "the first one wins"
+    assert valid["long"] == LONG_TEXT and all(valid[f"fill-{i}"] == f"ordinary text {i}" for i in range(50))
+    rejected = {item.position: item for item in got if isinstance(item, BadRecord)}
+    nul_id = rejected[1]
+    assert nul_id.record_id is None and "NUL" in nul_id.detail  # the id itself cannot be stored
+    assert all(item.detail is None or len(item.detail) <= 200 for item in rejected.values())
+    assert count_records(str(path), "jsonl") == len(entries)
+
+
+def test_a_jsonl_file_without_newlines_is_read_in_bounded_pieces(tmp_path):
+    path = tmp_path / "one-line.jsonl"
+    path.write_bytes(b'{"id": "a", "text": "' + b"z" * (2 * MAX_RECORD_BYTES) + b'"}\n{"id": "b", "text": "b"}')
+    assert [outcome_of(item) for item in outcomes(str(path), "jsonl")] == [BadReason.oversized_record, OK]
+
+
+def test_memory_for_an_oversized_line_stays_within_the_limit(tmp_path):
+    limit = 1024 * 1024
+    path = tmp_path / "long.txt"
+    path.write_bytes(b"q" * (20 * limit) + b"\nshort\n")
+    tracemalloc.start()
+    try:
+        with open(path, "rb") as f:
+            lines = list(bounded_lines(f, limit))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert isinstance(lines[0], OversizedLine) and lines[0].size == 20 * limit + 1 and lines[1] == b"short\n"
+    assert peak < 4 * limit  # a few pieces of `limit`, never the 20 of the whole line
+
+
+def test_empty_inputs_have_no_records(tmp_path):
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    (tmp_path / "blank.jsonl").write_bytes(b"\n \n\r\n")
+    (tmp_path / "empty.csv").write_bytes(b"")
+    (tmp_path / "header.csv").write_bytes(b"id,text\r\n")
+    for name in ("empty.jsonl", "blank.jsonl", "empty.csv", "header.csv"):
+        assert outcomes(str(tmp_path / name), name.rsplit(".", 1)[1]) == [], name
+
+
+def test_a_truncated_gzip_keeps_what_came_before_and_records_the_cut(tmp_path):
+    lines = b"".join(json.dumps({"id": f"g{i}", "text": f"gzip text number {i} " * 20}).encode() + b"\n"
+                     for i in range(2000))
+    whole = gzip.compress(lines)
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    got = outcomes(str(path), "jsonl")
+    assert got[-1].reason is BadReason.malformed_record and "compressed stream" in got[-1].detail
+    assert 0 < len(got) - 1 < 2000
+    assert all(isinstance(item, Record) and item.id == f"g{i}" for i, item in enumerate(got[:-2]))
+
+
+def test_csv_catalogue(tmp_path):
+    big_cell = "c" * (200 * 1024)  # over the csv module's default field limit of 128 KiB
+    rows = [
+        b"ok-1,plain text",
+        b'"quoted,comma","a cell with, a comma"',
+        b'multi,"a cell over\r\ntwo lines"',
+        b"short-row",
+        b"nul,a\x00b",
+        b"bad-utf8,caf\xe9",
+        b"big," + big_cell.encode(),
+        b"huge," + b"h" * HUGE,
+        b"",
+        b"after-huge,still read",
+        b"ok-1,a duplicate id",
+        "rtl,שלום".encode(),
+    ]
+    path = tmp_path / "hostile.csv"
+    path.write_bytes(b"\xef\xbb\xbfid,text\r\n" + b"\r\n".join(rows))  # BOM, CRLF, no final newline
+    got = outcomes(str(path), "csv")
+    assert [outcome_of(item) for item in got] == [
+        OK, OK, OK, BadReason.null_text, BadReason.contains_nul, BadReason.invalid_utf8, OK,
+        BadReason.oversized_record, OK, BadReason.duplicate_id, OK,
+    ]
+    valid = {item.id: item.text for item in got if isinstance(item, Record)}
+    assert valid["quoted,comma"] == "a cell with, a comma"
+    assert valid["multi"] == "a cell over\r\ntwo lines"
+    assert valid["big"] == big_cell and valid["after-huge"] == "still read" and valid["rtl"] == "שלום"
+
+
+def test_parquet_catalogue(tmp_path):
+    table = pa.table({
+        "id": pa.array([1, 2, 3, 4, 5, 6], pa.int64()),
+        "text": pa.array([b"fine", None, b"caf\xe9", b"a\x00b", b"", "🚀 emoji".encode()], pa.binary()),
+    })
+    path = tmp_path / "hostile.parquet"
+    pq.write_table(table, path)
+    assert [outcome_of(item) for item in outcomes(str(path), "parquet")] == [
+        OK, BadReason.null_text, BadReason.invalid_utf8, BadReason.contains_nul, BadReason.empty_text, OK,
+    ]
+
+
+def test_a_truncated_parquet_file_is_unreadable_as_a_whole(tmp_path):
+    path = tmp_path / "cut.parquet"
+    pq.write_table(pa.table({"id": ["a"] * 1000, "text": ["t"] * 1000}), path)
+    path.write_bytes(path.read_bytes()[:-100])
+    # The driver turns ValueError/OSError from the reader into SourceUnreadable.
+    with pytest.raises((ValueError, OSError)):
+        outcomes(str(path), "parquet")
