@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import psycopg
 import ray
 import sqlalchemy as sa
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -38,26 +37,20 @@ from embedjob.contract import CONFIG_FLAG, DATABASE_URL_ENV, FAULT_INJECTION_ENV
 from .actors import EmbeddingWorker
 from .batching import Batch, InFlightBatches, batch_key, make_batches
 from .config import JobConfig, config_fingerprint
-from .errors import JobFailed, RayUnreachable, Unreachable
+from .errors import DB_ERRORS, JobFailed, RayUnreachable, Unreachable, backoff_seconds
+from .lease import PoolLease
 from .logs import configure_logging, log_event, mask_url
 from .metrics import DriverMetrics
 from .model import ResolvedModel, resolve_model
-from .pools import POOL_NAMESPACE, acquire_lease, pool_actor_name, pool_name, release_lease, shared_cluster
+from .pools import POOL_NAMESPACE, pool_actor_name, pool_name, shared_cluster
 from .records import BadReason, BadRecord, Record, RawRecord, classify_records
-from .sink import AttemptRow, BatchOutcome, PostgresSink, content_salt, now
+from .sink import HEARTBEAT_S, AttemptRow, BatchOutcome, PostgresSink, content_salt, now
 from .source import input_fingerprint, read_records, resolve_uri
 
 log = logging.getLogger("embedjob_worker.driver")
 
 # Finished batches written per transaction at most; more waiting means the sink is behind.
 _MAX_GROUP_BATCHES = 64
-_HEARTBEAT_S = 5.0
-_BACKOFF_BASE_S, _BACKOFF_MAX_S = 1.0, 30.0
-_DB_ERRORS = (sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
-
-
-def backoff_seconds(attempt: int) -> float:
-    return min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * 2 ** (attempt - 1))
 
 
 @dataclass
@@ -175,7 +168,7 @@ class SinkWriter:
         stopping = False
         while not stopping and self.error is None:
             try:
-                items = [self._queue.get(timeout=_HEARTBEAT_S)]
+                items = [self._queue.get(timeout=HEARTBEAT_S)]
             except queue.Empty:
                 items = []  # nothing finished lately: still write the heartbeat
             while len(items) < _MAX_GROUP_BATCHES:
@@ -201,7 +194,7 @@ class SinkWriter:
                 self.sink.write(self.run_id, outcomes, bad_records, self.progress.columns(outcomes))
                 self.progress.commit(outcomes)
                 return
-            except _DB_ERRORS as exc:
+            except DB_ERRORS as exc:
                 if attempt >= self.attempts:
                     raise
                 log_event(log, "sink_write_retry", logging.WARNING, attempt=attempt, error=str(exc)[:300])
@@ -349,11 +342,9 @@ class Driver:
         succeeded_before = self.sink.succeeded_batches()
         cluster = shared_cluster(self.config)
         shared_pool = pool_name(resolved, spec.workers.cpus_per_actor, spec.workers.gpus_per_actor) if cluster else None
-        if shared_pool:
-            # Leased before any actor is touched, so the operator never removes the pool under us.
-            self.sink.lease_id = acquire_lease(self.sink.engine, shared_pool, cluster, self.config,
-                                               spec.workers.replicas)
-            log_event(log, "pool_leased", pool=shared_pool, cluster=cluster, lease=self.sink.lease_id)
+        # Leased before any actor is touched, so the operator never removes the pool under us.
+        lease = PoolLease.acquire(self.sink.engine, shared_pool, cluster, self.config,
+                                  spec.workers.replicas) if shared_pool else None
         writer = SinkWriter(self.sink, run_id, self.progress, spec.retry.attempts_per_batch)
         pool = WorkerPool(self.config, resolved, self.options.fault_injection, shared_pool)
         try:
@@ -376,19 +367,12 @@ class Driver:
         finally:
             writer.close()
             pool.shutdown()
-            self._release_lease()
+            if lease is not None:
+                lease.release()
         if writer.error is not None:
             self._finish(run_id, JobFailed("DatabaseUnavailable", f"writing to the database failed: {writer.error}"))
         else:
             self._finish(run_id, self.failure)
-
-    def _release_lease(self) -> None:
-        if self.sink.lease_id is None:
-            return
-        try:
-            release_lease(self.sink.engine, self.sink.lease_id)
-        except _DB_ERRORS as exc:  # the lease stops being live when its heartbeat expires
-            log_event(log, "pool_release_failed", logging.WARNING, lease=self.sink.lease_id, error=str(exc)[:300])
 
     def _check_model(self, result: dict, resolved: ResolvedModel) -> None:
         if (result["model"], result["revision"]) != (resolved.name, resolved.revision):
@@ -472,7 +456,7 @@ class Driver:
                     writer.wait_for_commit(timeout=1.0)
                 self._report()
                 continue
-            ready, _ = ray.wait(list(refs), num_returns=1, timeout=_HEARTBEAT_S)
+            ready, _ = ray.wait(list(refs), num_returns=1, timeout=HEARTBEAT_S)
             for ref in ready:
                 self._handle(ref, refs.pop(ref), resolved, pool, in_flight, writer, retries, tie)
             self._report()
@@ -582,7 +566,7 @@ class Driver:
         self.summary.elapsed_seconds = time.monotonic() - self.started
         try:
             self.sink.finish_run(run_id, state, self.summary.reason, self.summary.error, columns)
-        except _DB_ERRORS as exc:
+        except DB_ERRORS as exc:
             raise Unreachable(f"cannot record the run's end in the database: {exc}") from None
         log_event(log, "run_finished", logging.ERROR if failure else logging.INFO, run=run_id, state=state,
                   reason=self.summary.reason, error=self.summary.error, **columns)
