@@ -18,20 +18,18 @@ import itertools
 import json
 import logging
 import os
-import queue
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 import ray
 import sqlalchemy as sa
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from embedjob.api import SpecError
+from embedjob.api import RunCounters, SpecError
 from embedjob.contract import CONFIG_FLAG, DATABASE_URL_ENV, FAULT_INJECTION_ENV, ExitCode, decode_job_config
 
 from .actors import EmbeddingWorker
@@ -46,11 +44,11 @@ from .pools import POOL_NAMESPACE, pool_actor_name, pool_name, shared_cluster
 from .records import BadReason, BadRecord, Record, RawRecord, classify_records
 from .sink import HEARTBEAT_S, AttemptRow, BatchOutcome, PostgresSink, content_salt, now
 from .source import input_fingerprint, read_records, resolve_uri
+from .tally import RunSummary, RunTally
+from .writer import SinkWriter
 
 log = logging.getLogger("embedjob_worker.driver")
 
-# Finished batches written per transaction at most; more waiting means the sink is behind.
-_MAX_GROUP_BATCHES = 64
 
 
 @dataclass
@@ -58,151 +56,9 @@ class DriverOptions:
     new_run: bool = False
     metrics: DriverMetrics | None = None
     # Called from the driver loop with the run's counters (the CLI draws its progress bar).
-    on_progress: Callable[[dict], None] | None = None
+    on_progress: Callable[[RunCounters], None] | None = None
     fault_injection: dict | None = None
     workers_ready_timeout_s: float = 900.0
-
-
-@dataclass
-class RunSummary:
-    run_id: str | None
-    state: str  # succeeded | failed
-    reason: str | None = None
-    error: str | None = None
-    counters: dict = field(default_factory=dict)  # the run row's counters
-    batches_skipped: int = 0
-    records_truncated: int = 0
-    retries: int = 0
-    oom_splits: int = 0
-    batch_latencies: list[float] = field(default_factory=list)
-    model_load_seconds: float = 0.0
-    elapsed_seconds: float = 0.0
-    workers: list[dict] = field(default_factory=list)  # each actor's info(): actor id, when it loaded the model
-
-    def latency_percentile(self, q: float) -> float:
-        if not self.batch_latencies:
-            return 0.0
-        ordered = sorted(self.batch_latencies)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-class Progress:
-    """The run's counters, shared by the driver loop and the sink thread."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.batches_total: int | None = None
-        self.records_total: int | None = None
-        self.batches_skipped = self.records_skipped = 0  # done by an earlier session of this job
-        self.batches_succeeded = self.batches_failed = 0  # committed in this session
-        self.records_embedded = self.records_failed = 0
-        self.embedding_started: float | None = None
-
-    def columns(self, pending: list[BatchOutcome] = ()) -> dict:
-        """The run row's counter columns, as if `pending` were already committed."""
-        with self.lock:
-            embedded = self.records_embedded + sum(len(o.records) for o in pending if o.state == "succeeded")
-            elapsed = time.monotonic() - self.embedding_started if self.embedding_started else 0.0
-            return {
-                "batches_total": self.batches_total,
-                "records_total": self.records_total,
-                "batches_succeeded": self.batches_skipped + self.batches_succeeded
-                + sum(o.state == "succeeded" for o in pending),
-                "batches_failed": self.batches_failed + sum(o.state == "failed" for o in pending),
-                "records_embedded": self.records_skipped + embedded,
-                "records_failed": self.records_failed + sum(len(o.records) for o in pending if o.state == "failed"),
-                "texts_per_second": round(embedded / elapsed, 2) if elapsed > 0 else 0.0,
-            }
-
-    def commit(self, outcomes: list[BatchOutcome]) -> None:
-        with self.lock:
-            for o in outcomes:
-                if o.state == "succeeded":
-                    self.batches_succeeded += 1
-                    self.records_embedded += len(o.records)
-                else:
-                    self.batches_failed += 1
-                    self.records_failed += len(o.records)
-
-
-class SinkWriter:
-    """Writes finished batches in a background thread, grouping what has queued up.
-
-    Keeps PostgreSQL round trips off the driver loop; batches queued here count against
-    maxInFlight, so a crash still loses at most maxInFlight batches.
-    """
-
-    def __init__(self, sink: PostgresSink, run_id: str, progress: Progress, attempts: int):
-        self.sink, self.run_id, self.progress, self.attempts = sink, run_id, progress, attempts
-        self.error: BaseException | None = None
-        self._queue: queue.Queue = queue.Queue()
-        self._uncommitted = 0
-        self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="embedjob-sink", daemon=True)
-        self._thread.start()
-
-    @property
-    def uncommitted(self) -> int:
-        with self._changed:
-            return self._uncommitted
-
-    def put_outcome(self, outcome: BatchOutcome) -> None:
-        with self._changed:
-            self._uncommitted += 1
-        self._queue.put(outcome)
-
-    def put_bad_records(self, bad_records: list[BadRecord]) -> None:
-        if bad_records:
-            self._queue.put(list(bad_records))
-
-    def wait_for_commit(self, timeout: float) -> None:
-        with self._changed:
-            self._changed.wait(timeout)
-
-    def close(self) -> None:
-        """Write everything queued, then stop."""
-        self._queue.put(None)
-        self._thread.join()
-
-    def _run(self) -> None:
-        stopping = False
-        while not stopping and self.error is None:
-            try:
-                items = [self._queue.get(timeout=HEARTBEAT_S)]
-            except queue.Empty:
-                items = []  # nothing finished lately: still write the heartbeat
-            while len(items) < _MAX_GROUP_BATCHES:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stopping = None in items
-            outcomes = [i for i in items if isinstance(i, BatchOutcome)]
-            bad_records = [b for i in items if isinstance(i, list) for b in i]
-            try:
-                self._write(outcomes, bad_records)
-            except BaseException as exc:  # noqa: BLE001 - handed to the driver loop, which fails the job
-                self.error = exc
-            with self._changed:
-                if self.error is None:
-                    self._uncommitted -= len(outcomes)
-                self._changed.notify_all()
-
-    def _write(self, outcomes: list[BatchOutcome], bad_records: list[BadRecord]) -> None:
-        for attempt in itertools.count(1):
-            try:
-                self.sink.write(self.run_id, outcomes, bad_records, self.progress.columns(outcomes))
-                self.progress.commit(outcomes)
-                return
-            except DB_ERRORS as exc:
-                if attempt >= self.attempts:
-                    raise
-                log_event(log, "sink_write_retry", logging.WARNING, attempt=attempt, error=str(exc)[:300])
-                for outcome in outcomes:  # recorded with the batch once the write gets through
-                    final = outcome.attempts[-1]
-                    outcome.attempts.insert(-1, AttemptRow(final.attempt, None, "retry",
-                                                           f"DatabaseWriteFailed: {exc}"[:2000], now()))
-                time.sleep(backoff_seconds(attempt))
 
 
 def worker_actor_name(job_key: str, slot: int, generation: int) -> str:
@@ -287,7 +143,7 @@ class Driver:
         self.config, self.spec, self.options = config, config.spec, options
         self.metrics = options.metrics or DriverMetrics()
         self.database_url = database_url
-        self.progress = Progress()
+        self.tally = RunTally()
         self.started = time.monotonic()
         self.summary = RunSummary(run_id=None, state="running")
         self.sink = PostgresSink(database_url, config.job_key, self.spec.sink.collection, self.spec.sink.table,
@@ -345,7 +201,7 @@ class Driver:
         # Leased before any actor is touched, so the operator never removes the pool under us.
         lease = PoolLease.acquire(self.sink.engine, shared_pool, cluster, self.config,
                                   spec.workers.replicas) if shared_pool else None
-        writer = SinkWriter(self.sink, run_id, self.progress, spec.retry.attempts_per_batch)
+        writer = SinkWriter(self.sink, run_id, self.tally, spec.retry.attempts_per_batch)
         pool = WorkerPool(self.config, resolved, self.options.fault_injection, shared_pool)
         try:
             infos = pool.wait_ready(self.options.workers_ready_timeout_s)
@@ -359,8 +215,7 @@ class Driver:
             log_event(log, "workers_ready", replicas=len(infos), load_seconds=round(self.summary.model_load_seconds, 2),
                       actors=",".join(i["actor_id"] for i in infos),
                       dimension=infos[0]["dimension"], skipping=len(succeeded_before))
-            with self.progress.lock:
-                self.progress.embedding_started = time.monotonic()
+            self.tally.start_embedding()
             self._loop(resolved, pool, writer, self._batches(uri, key), succeeded_before)
         except JobFailed as failure:
             self.failure = failure
@@ -405,16 +260,13 @@ class Driver:
             raise JobFailed("SourceUnreadable", f"reading {uri}: {type(exc).__name__}: {exc}") from None
         if bad:
             yield self._take(bad)
-        with self.progress.lock:
-            self.progress.batches_total = total
-            self.progress.records_total = next(positions)
+        self.tally.input_read(batches=total, records=next(positions))
 
     def _take(self, bad: list[BadRecord]) -> list[BadRecord]:
         taken = list(bad)
         bad.clear()
         rejected = sum(b.reason is not BadReason.truncated for b in taken)
-        with self.progress.lock:
-            self.progress.records_failed += rejected
+        self.tally.rejected(rejected)
         self.metrics.records.labels("failed").inc(rejected)
         return taken
 
@@ -462,10 +314,7 @@ class Driver:
             self._report()
 
     def _skip(self, batch: Batch, records_embedded: int) -> None:
-        with self.progress.lock:
-            self.progress.batches_skipped += 1
-            self.progress.records_skipped += records_embedded
-        self.summary.batches_skipped += 1
+        self.tally.skipped(records_embedded)
         self.metrics.batches.labels("skipped").inc()
 
     def _submit(self, pool: WorkerPool, attempt: Attempt, in_flight: InFlightBatches, refs: dict) -> None:
@@ -552,24 +401,25 @@ class Driver:
                                      f"than spec.retry.failedBatchesTolerated={tolerated}; last: {reason}: {message}")
 
     def _report(self) -> None:
-        columns = self.progress.columns()
-        self.metrics.texts_per_second.set(columns["texts_per_second"])
+        counters = self.tally.counters()
+        self.metrics.texts_per_second.set(counters.texts_per_second)
         if self.options.on_progress:
-            self.options.on_progress(columns)
+            self.options.on_progress(counters)
 
     def _finish(self, run_id: str, failure: JobFailed | None) -> None:
-        columns = self.progress.columns()
+        counters = self.tally.counters()
         state = "failed" if failure else "succeeded"
-        self.summary.state, self.summary.counters = state, columns
+        self.summary.state, self.summary.counters = state, counters
+        self.summary.batches_skipped = self.tally.batches_skipped
         self.summary.reason = failure.reason if failure else None
         self.summary.error = str(failure) if failure else None
         self.summary.elapsed_seconds = time.monotonic() - self.started
         try:
-            self.sink.finish_run(run_id, state, self.summary.reason, self.summary.error, columns)
+            self.sink.finish_run(run_id, state, self.summary.reason, self.summary.error, counters.model_dump())
         except DB_ERRORS as exc:
             raise Unreachable(f"cannot record the run's end in the database: {exc}") from None
         log_event(log, "run_finished", logging.ERROR if failure else logging.INFO, run=run_id, state=state,
-                  reason=self.summary.reason, error=self.summary.error, **columns)
+                  reason=self.summary.reason, error=self.summary.error, **counters.model_dump())
         self._report()
 
 
