@@ -12,43 +12,39 @@ why), 2 invalid config, 3 Ray unreachable, 4 the database unreachable.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import heapq
-import itertools
 import json
 import logging
 import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
-from datetime import datetime
 
 import ray
 import sqlalchemy as sa
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from embedjob.api import RunCounters, SpecError
 from embedjob.contract import CONFIG_FLAG, DATABASE_URL_ENV, FAULT_INJECTION_ENV, ExitCode, decode_job_config
 
-from .actors import EmbeddingWorker
-from .batching import Batch, InFlightBatches, batch_key, make_batches
+from .batching import batch_key
 from .config import JobConfig, config_fingerprint
-from .errors import DB_ERRORS, JobFailed, RayUnreachable, Unreachable, backoff_seconds
+from .dispatch import Dispatcher
+from .errors import DB_ERRORS, JobFailed, RayUnreachable, Unreachable
+from .feed import batches_to_embed
 from .lease import PoolLease
 from .logs import configure_logging, log_event, mask_url
 from .metrics import DriverMetrics
 from .model import ResolvedModel, resolve_model
-from .pools import POOL_NAMESPACE, pool_actor_name, pool_name, shared_cluster
-from .records import BadReason, BadRecord, Record, RawRecord, classify_records
-from .sink import HEARTBEAT_S, AttemptRow, BatchOutcome, PostgresSink, content_salt, now
-from .source import input_fingerprint, read_records, resolve_uri
+from .pools import pool_name, shared_cluster
+from .sink import PostgresSink, content_salt
+from .source import input_fingerprint, resolve_uri
 from .tally import RunSummary, RunTally
+from .workers import ActorSet, check_model
 from .writer import SinkWriter
 
 log = logging.getLogger("embedjob_worker.driver")
-
 
 
 @dataclass
@@ -61,98 +57,16 @@ class DriverOptions:
     workers_ready_timeout_s: float = 900.0
 
 
-def worker_actor_name(job_key: str, slot: int, generation: int) -> str:
-    """Name of the actor in a pool slot; a replacement after a crash gets the next generation."""
-    return f"embedjob-worker-{hashlib.sha256(job_key.encode()).hexdigest()[:8]}-{slot}-{generation}"
-
-
-class WorkerPool:
-    """`replicas` EmbeddingWorker actors; a dead one is replaced by a fresh one in its slot.
-
-    With `shared_pool` (a job on an existing cluster) the actors are the detached pool's
-    `<pool>-<slot>`, got if they exist (another job's, model loaded) or created; they
-    outlive this job and are removed by the operator once no job leases the pool.
-    Without, they are this job's own and are killed at its end.
-    """
-
-    def __init__(self, config: JobConfig, resolved: ResolvedModel, fault_injection: dict | None,
-                 shared_pool: str | None = None):
-        workers = config.spec.workers
-        self._actor_class = ray.remote(EmbeddingWorker)
-        self.shared_pool = shared_pool
-        # Retries are the driver's (bounded, recorded); Ray must not silently restart or re-run.
-        self._actor_options = dict(num_cpus=workers.cpus_per_actor, num_gpus=workers.gpus_per_actor,
-                                   max_restarts=0, max_task_retries=0)
-        if shared_pool:
-            # get_if_exists: jobs starting together end up with the same actors, not a name clash.
-            self._actor_options.update(lifetime="detached", namespace=POOL_NAMESPACE, get_if_exists=True)
-        self._args = (resolved, workers.cpus_per_actor, workers.gpus_per_actor, fault_injection)
-        self.job_key = config.job_key
-        self.generations = [0] * workers.replicas
-        self.actors = [self._start(slot) for slot in range(workers.replicas)]
-        self.outstanding = [0] * workers.replicas
-
-    def _start(self, slot: int):
-        name = self.actor_name(slot)
-        return self._actor_class.options(name=name, **self._actor_options).remote(*self._args)
-
-    def actor_name(self, slot: int) -> str:
-        if self.shared_pool:  # a dead pool actor's name is free again: its replacement takes it
-            return pool_actor_name(self.shared_pool, slot)
-        return worker_actor_name(self.job_key, slot, self.generations[slot])
-
-    def wait_ready(self, timeout_s: float) -> list[dict]:
-        try:
-            return ray.get([actor.info.remote() for actor in self.actors], timeout=timeout_s)
-        except GetTimeoutError:
-            raise JobFailed("WorkersUnavailable", f"EmbeddingWorker actors not ready after {timeout_s:.0f}s "
-                            "(not enough CPUs/GPUs in the Ray cluster?)") from None
-        except (RayActorError, RayTaskError) as exc:
-            raise JobFailed("WorkersUnavailable", f"an EmbeddingWorker actor failed to start: {exc}") from None
-
-    def least_loaded(self) -> int:
-        return min(range(len(self.actors)), key=self.outstanding.__getitem__)
-
-    def replace(self, slot: int, dead_actor) -> None:
-        if self.actors[slot] is dead_actor:  # not yet replaced by another failed task of the same actor
-            self.generations[slot] += 1
-            self.actors[slot] = self._start(slot)
-
-    def shutdown(self) -> None:
-        if self.shared_pool:
-            return
-        for actor in self.actors:
-            ray.kill(actor)
-
-
-@dataclass
-class Attempt:
-    batch: Batch
-    number: int
-    history: list[AttemptRow]
-    first_started_at: datetime
-    slot: int = -1
-    actor: object = None
-    worker: str | None = None  # the actor's name, for the attempt row when it died
-    started_at: datetime | None = None
-    submitted: float = 0.0
-
-
 class Driver:
     def __init__(self, config: JobConfig, database_url: str, options: DriverOptions):
         self.config, self.spec, self.options = config, config.spec, options
         self.metrics = options.metrics or DriverMetrics()
-        self.database_url = database_url
         self.tally = RunTally()
         self.started = time.monotonic()
         self.summary = RunSummary(run_id=None, state="running")
         self.sink = PostgresSink(database_url, config.job_key, self.spec.sink.collection, self.spec.sink.table,
                                  content_salt(self.spec.model.normalize, self.spec.model.max_seq_length))
-        self.failure: JobFailed | None = None
-        self.failed_batches = 0  # for good, in this session
-        self.max_tokens = 0  # the model's token limit, known once the workers are up
 
-    # -- set-up ---------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         try:
             self.sink.migrate()
@@ -192,213 +106,46 @@ class Driver:
                                        failure.reason, str(failure))
         raise failure
 
-    # -- the main loop --------------------------------------------------------------------------
     def _embed(self, resolved: ResolvedModel, uri: str, key: str, run_id: str) -> None:
         spec = self.spec
-        succeeded_before = self.sink.succeeded_batches()
+        done_before = self.sink.succeeded_batches()
         cluster = shared_cluster(self.config)
         shared_pool = pool_name(resolved, spec.workers.cpus_per_actor, spec.workers.gpus_per_actor) if cluster else None
-        # Leased before any actor is touched, so the operator never removes the pool under us.
-        lease = PoolLease.acquire(self.sink.engine, shared_pool, cluster, self.config,
-                                  spec.workers.replicas) if shared_pool else None
-        writer = SinkWriter(self.sink, run_id, self.tally, spec.retry.attempts_per_batch)
-        pool = WorkerPool(self.config, resolved, self.options.fault_injection, shared_pool)
-        try:
-            infos = pool.wait_ready(self.options.workers_ready_timeout_s)
-            self.summary.workers = infos
-            for info in infos:
-                self._check_model(info, resolved)
-            self.max_tokens = infos[0]["max_tokens"]
-            self.sink.ensure_vectors_table(infos[0]["dimension"])
-            self.summary.model_load_seconds = max(i["load_seconds"] for i in infos)
-            self.metrics.model_load_seconds.set(self.summary.model_load_seconds)
-            log_event(log, "workers_ready", replicas=len(infos), load_seconds=round(self.summary.model_load_seconds, 2),
-                      actors=",".join(i["actor_id"] for i in infos),
-                      dimension=infos[0]["dimension"], skipping=len(succeeded_before))
-            self.tally.start_embedding()
-            self._loop(resolved, pool, writer, self._batches(uri, key), succeeded_before)
-        except JobFailed as failure:
-            self.failure = failure
-        finally:
-            writer.close()
-            pool.shutdown()
-            if lease is not None:
-                lease.release()
+        failure: JobFailed | None = None
+        with ExitStack() as cleanup:  # on the way out: the writer drains, the actors go, the lease is released
+            if shared_pool:
+                # Leased before any actor is touched, so the operator never removes the pool under us.
+                cleanup.callback(PoolLease.acquire(self.sink.engine, shared_pool, cluster, self.config,
+                                                   spec.workers.replicas).release)
+            actors = ActorSet(self.config, resolved, self.options.fault_injection, shared_pool)
+            cleanup.callback(actors.shutdown)
+            writer = SinkWriter(self.sink, run_id, self.tally, spec.retry.attempts_per_batch)
+            cleanup.callback(writer.close)
+            try:
+                dispatcher = self._dispatcher(actors, resolved, len(done_before))
+                batches = batches_to_embed(spec, uri, key, done_before, self.tally, self.metrics,
+                                           writer.put_bad_records)
+                dispatcher.run(batches, writer, self._report)
+                failure = dispatcher.failure
+            except JobFailed as exc:
+                failure = exc
         if writer.error is not None:
-            self._finish(run_id, JobFailed("DatabaseUnavailable", f"writing to the database failed: {writer.error}"))
-        else:
-            self._finish(run_id, self.failure)
+            failure = JobFailed("DatabaseUnavailable", f"writing to the database failed: {writer.error}")
+        self._finish(run_id, failure)
 
-    def _check_model(self, result: dict, resolved: ResolvedModel) -> None:
-        if (result["model"], result["revision"]) != (resolved.name, resolved.revision):
-            raise JobFailed("ModelMismatch", f"worker {result['worker']} has {result['model']}@{result['revision']}, "
-                            f"the job pins {resolved.name}@{resolved.revision}")
-
-    def _batches(self, uri: str, key: str) -> Iterator[Batch | list[BadRecord]]:
-        """Batches of valid records, with the bad records yielded as lists as they turn up."""
-        spec = self.spec
-        bad: list[BadRecord] = []
-        positions = itertools.count()
-
-        def valid(raw_records: Iterator[RawRecord]) -> Iterator[Record]:
-            for item in classify_records(raw_records):
-                next(positions)
-                if isinstance(item, Record):
-                    yield item
-                else:
-                    bad.append(item)
-
-        raw = read_records(uri, spec.source.format, spec.source.id_field, spec.source.text_field)
-        total = 0
-        try:
-            for batch in make_batches(valid(raw), spec.batching.batch_size, spec.batching.sort_window, key):
-                if bad:
-                    yield self._take(bad)
-                total += 1
-                yield batch
-        except (OSError, ValueError, KeyError) as exc:
-            raise JobFailed("SourceUnreadable", f"reading {uri}: {type(exc).__name__}: {exc}") from None
-        if bad:
-            yield self._take(bad)
-        self.tally.input_read(batches=total, records=next(positions))
-
-    def _take(self, bad: list[BadRecord]) -> list[BadRecord]:
-        taken = list(bad)
-        bad.clear()
-        rejected = sum(b.reason is not BadReason.truncated for b in taken)
-        self.tally.rejected(rejected)
-        self.metrics.records.labels("failed").inc(rejected)
-        return taken
-
-    def _loop(self, resolved: ResolvedModel, pool: WorkerPool, writer: SinkWriter,
-              batches: Iterator[Batch | list[BadRecord]], succeeded_before: dict[str, int]) -> None:
-        max_in_flight = self.spec.batching.max_in_flight
-        in_flight = InFlightBatches()
-        refs: dict[ray.ObjectRef, str] = {}
-        retries: list[tuple[float, int, Attempt]] = []  # heap of (not before, tie-breaker, attempt)
-        tie = itertools.count()
-        source_done = False
-        while True:
-            if writer.error is not None:
-                raise JobFailed("DatabaseUnavailable", f"writing to the database failed: {writer.error}")
-            while self.failure is None and len(in_flight) + writer.uncommitted < max_in_flight:
-                if retries and retries[0][0] <= time.monotonic():
-                    attempt = heapq.heappop(retries)[2]
-                elif source_done:
-                    break
-                else:
-                    item = next(batches, None)
-                    if item is None:
-                        source_done = True
-                        continue
-                    if isinstance(item, list):
-                        writer.put_bad_records(item)
-                        continue
-                    if item.batch_id in succeeded_before:
-                        self._skip(item, succeeded_before[item.batch_id])
-                        continue
-                    attempt = Attempt(item, 1, [], now())
-                self._submit(pool, attempt, in_flight, refs)
-            if not refs:
-                if self.failure is not None or (source_done and not retries and not writer.uncommitted):
-                    return
-                if retries and not writer.uncommitted:
-                    time.sleep(max(0.0, retries[0][0] - time.monotonic()))
-                else:
-                    writer.wait_for_commit(timeout=1.0)
-                self._report()
-                continue
-            ready, _ = ray.wait(list(refs), num_returns=1, timeout=HEARTBEAT_S)
-            for ref in ready:
-                self._handle(ref, refs.pop(ref), resolved, pool, in_flight, writer, retries, tie)
-            self._report()
-
-    def _skip(self, batch: Batch, records_embedded: int) -> None:
-        self.tally.skipped(records_embedded)
-        self.metrics.batches.labels("skipped").inc()
-
-    def _submit(self, pool: WorkerPool, attempt: Attempt, in_flight: InFlightBatches, refs: dict) -> None:
-        attempt.slot = pool.least_loaded()
-        attempt.actor = pool.actors[attempt.slot]
-        attempt.worker = pool.actor_name(attempt.slot)
-        attempt.started_at, attempt.submitted = now(), time.monotonic()
-        pool.outstanding[attempt.slot] += 1
-        ref = attempt.actor.embed.remote(attempt.batch.batch_id, attempt.batch.texts)
-        in_flight.add(attempt.batch.batch_id, attempt)
-        refs[ref] = attempt.batch.batch_id
-        log_event(log, "batch_dispatched", batch=attempt.batch.batch_id, attempt=attempt.number,
-                  records=len(attempt.batch.records), slot=attempt.slot)
-
-    def _handle(self, ref, batch_id: str, resolved: ResolvedModel, pool: WorkerPool, in_flight: InFlightBatches,
-                writer: SinkWriter, retries: list, tie) -> None:
-        try:
-            result = ray.get(ref)
-        except RayActorError as exc:
-            attempt = in_flight.complete(batch_id)
-            pool.outstanding[attempt.slot] -= 1
-            pool.replace(attempt.slot, attempt.actor)
-            self._failed_attempt(attempt, "ActorDied", str(exc).splitlines()[0], True, writer, retries, tie)
-            return
-        except RayTaskError as exc:
-            attempt = in_flight.complete(batch_id)
-            pool.outstanding[attempt.slot] -= 1
-            cause = exc.cause if exc.cause is not None else exc
-            self._failed_attempt(attempt, type(cause).__name__, str(cause).splitlines()[0] if str(cause) else "",
-                                 True, writer, retries, tie)
-            return
-        # Matched by the id the result carries, not by the order of submission.
-        attempt = in_flight.complete(result["batch_id"])
-        pool.outstanding[attempt.slot] -= 1
-        latency = time.monotonic() - attempt.submitted
-        self.summary.batch_latencies.append(latency)
-        self.metrics.batch_latency.observe(latency)
-        try:
-            self._check_model(result, resolved)
-        except JobFailed as mismatch:
-            self._failed_attempt(attempt, mismatch.reason, str(mismatch), False, writer, retries, tie)
-            return
-        worker = result["worker"]
-        history = attempt.history
-        if result["oom_splits"]:
-            self.summary.oom_splits += result["oom_splits"]
-            self.metrics.oom_splits.inc(result["oom_splits"])
-            history.append(AttemptRow(attempt.number, worker, "split", f"OutOfMemory: batch of {len(attempt.batch.records)}"
-                                      f" split in halves {result['oom_splits']} time(s)", attempt.started_at))
-        history.append(AttemptRow(attempt.number, worker, "succeeded", None, attempt.started_at))
-        truncated = [BadRecord(attempt.batch.records[i].position, attempt.batch.records[i].id, BadReason.truncated,
-                               f"longer than {self.max_tokens} tokens: embedded truncated", attempt.batch.batch_id)
-                     for i in result["truncated"]]
-        self.summary.records_truncated += len(truncated)
-        self.metrics.records.labels("embedded").inc(len(attempt.batch.records))
-        self.metrics.records.labels("truncated").inc(len(truncated))
-        self.metrics.batches.labels("succeeded").inc()
-        writer.put_outcome(BatchOutcome(
-            attempt.batch.batch_id, "succeeded", attempt.batch.records, history, attempt.first_started_at,
-            vectors=result["vectors"], worker=worker, truncated=truncated,
-            duration_s=(now() - attempt.first_started_at).total_seconds()))
-
-    def _failed_attempt(self, attempt: Attempt, reason: str, message: str, retryable: bool, writer: SinkWriter,
-                        retries: list, tie) -> None:
-        will_retry = retryable and attempt.number < self.spec.retry.attempts_per_batch
-        attempt.history.append(AttemptRow(attempt.number, attempt.worker, "retry" if will_retry else "failed",
-                                          f"{reason}: {message}"[:2000], attempt.started_at))
-        log_event(log, "batch_attempt_failed", logging.WARNING, batch=attempt.batch.batch_id, attempt=attempt.number,
-                  reason=reason, error=message[:300], retry=will_retry)
-        if will_retry:
-            self.summary.retries += 1
-            self.metrics.retries.labels(reason).inc()
-            retry = Attempt(attempt.batch, attempt.number + 1, attempt.history, attempt.first_started_at)
-            heapq.heappush(retries, (time.monotonic() + backoff_seconds(attempt.number), next(tie), retry))
-            return
-        self.metrics.batches.labels("failed").inc()
-        writer.put_outcome(BatchOutcome(attempt.batch.batch_id, "failed", attempt.batch.records, attempt.history,
-                                        attempt.first_started_at, error=f"{reason}: {message}"[:4000],
-                                        duration_s=(now() - attempt.first_started_at).total_seconds()))
-        self.failed_batches += 1
-        tolerated = self.spec.retry.failed_batches_tolerated
-        if self.failed_batches > tolerated and self.failure is None:
-            self.failure = JobFailed("TooManyFailedBatches", f"{self.failed_batches} batch(es) failed for good, more "
-                                     f"than spec.retry.failedBatchesTolerated={tolerated}; last: {reason}: {message}")
+    def _dispatcher(self, actors: ActorSet, resolved: ResolvedModel, skipping: int) -> Dispatcher:
+        """Once every actor has loaded the job's model: the vectors table, and the dispatcher."""
+        infos = actors.wait_ready(self.options.workers_ready_timeout_s)
+        self.summary.workers = infos
+        for info in infos:
+            check_model(info, resolved)
+        self.sink.ensure_vectors_table(infos[0]["dimension"])
+        self.summary.model_load_seconds = max(i["load_seconds"] for i in infos)
+        self.metrics.model_load_seconds.set(self.summary.model_load_seconds)
+        log_event(log, "workers_ready", replicas=len(infos), load_seconds=round(self.summary.model_load_seconds, 2),
+                  actors=",".join(i["actor_id"] for i in infos), dimension=infos[0]["dimension"], skipping=skipping)
+        self.tally.start_embedding()
+        return Dispatcher(self.spec, actors, resolved, infos[0]["max_tokens"], self.metrics, self.summary)
 
     def _report(self) -> None:
         counters = self.tally.counters()
