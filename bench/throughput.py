@@ -91,7 +91,7 @@ def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Pa
     import pgserver
 
     from embedjob_worker.config import JobConfig
-    from embedjob_worker.driver import run_job
+    from embedjob_worker.run import run_job
 
     source = workdir / "corpus.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -72,8 +72,9 @@ def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     import ray
     from tqdm import tqdm
 
-    from .driver import DriverOptions, fault_injection_from_env, run_job
+    from .driver import fault_injection_from_env
     from .metrics import DriverMetrics
+    from .run import DriverOptions, run_job
     from .source import count_records, resolve_uri
 
     workers = config.spec.workers
