@@ -91,7 +91,7 @@ def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Pa
     import pgserver
 
     from embedjob_worker.config import JobConfig
-    from embedjob_worker.driver import run_job
+    from embedjob_worker.run import run_job
 
     source = workdir / "corpus.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -109,8 +109,8 @@ def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Pa
         })
         summary = run_job(config, server.get_uri())
         assert summary.state == "succeeded", summary.error
-        assert summary.counters["records_embedded"] == len(records)
-        return summary.counters["texts_per_second"], len(records) / summary.elapsed_seconds
+        assert summary.counters.records_embedded == len(records)
+        return summary.counters.texts_per_second, len(records) / summary.elapsed_seconds
     finally:
         server.cleanup()
 

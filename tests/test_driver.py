@@ -19,10 +19,11 @@ from operator_fixtures import free_port, wait_until
 from pg_fixtures import query
 from embedjob.contract import encode_job_config
 from embedjob_worker.config import JobConfig
-from embedjob_worker.driver import DriverOptions, run_job, worker_actor_name
 from embedjob_worker.metrics import DriverMetrics
 from embedjob_worker.records import Record, classify_records
+from embedjob_worker.run import DriverOptions, run_job
 from embedjob_worker.source import read_records
+from embedjob_worker.workers import worker_actor_name
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "data" / "pep-paragraphs.jsonl"

@@ -123,7 +123,8 @@ def test_drivers_starting_together_create_the_vectors_table_once(database_url):
 def test_a_connection_dropped_mid_write_is_retried_and_writes_each_row_once(database_url):
     """PostgreSQL ends the writing session in the middle of a batch's transaction (a
     trigger terminates its own backend, once: sequences ignore rollbacks)."""
-    from embedjob_worker.driver import Progress, SinkWriter
+    from embedjob_worker.tally import RunTally
+    from embedjob_worker.writer import SinkWriter
 
     sink = make_sink(database_url)
     run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
@@ -140,7 +141,7 @@ def test_a_connection_dropped_mid_write_is_retried_and_writes_each_row_once(data
                              "FOR EACH ROW EXECUTE FUNCTION drop_connection_once()"))
     engine.dispose()
 
-    writer = SinkWriter(sink, run.run_id, Progress(), attempts=3)
+    writer = SinkWriter(sink, run.run_id, RunTally(), attempts=3)
     writer.put_outcome(outcome("b1", {"a": "alpha", "b": "beta"}))
     writer.close()
     sink.close()

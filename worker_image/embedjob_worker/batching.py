@@ -1,4 +1,4 @@
-"""Deterministic batches from length-sorted windows, and completion-order matching.
+"""Deterministic batches from length-sorted windows.
 
 Padding dominates CPU cost, so batches are cut from a bounded window of records sorted
 by length (longest first, ties by input position). Everything here is a pure function of the input
@@ -69,31 +69,3 @@ def make_batches(records: Iterable[Record], batch_size: int, sort_window: int, k
             chunk = tuple(window[start : start + batch_size])
             yield Batch(batch_id(key, (r.id for r in chunk)), chunk)
 
-
-class InFlightBatches:
-    """Batches handed to actors, matched back by the batch id their result carries.
-
-    Results arrive in completion order; looking them up by id (never by submission
-    position) is what makes out-of-order completion, retries and splits safe.
-    """
-
-    def __init__(self) -> None:
-        self._by_id: dict[str, object] = {}
-
-    def __len__(self) -> int:
-        return len(self._by_id)
-
-    def __contains__(self, batch_id: str) -> bool:
-        return batch_id in self._by_id
-
-    def add(self, batch_id: str, attempt: object) -> None:
-        if batch_id in self._by_id:
-            raise ValueError(f"batch {batch_id} is already in flight")
-        self._by_id[batch_id] = attempt
-
-    def complete(self, batch_id: str) -> object:
-        """The attempt a result belongs to; KeyError for a result nobody is waiting for."""
-        try:
-            return self._by_id.pop(batch_id)
-        except KeyError:
-            raise KeyError(f"result for batch {batch_id} which is not in flight") from None

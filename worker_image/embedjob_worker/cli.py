@@ -14,7 +14,7 @@ from pathlib import Path
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 from embedjob import db  # noqa: E402
-from embedjob.api import SpecError  # noqa: E402
+from embedjob.api import RunCounters, SpecError  # noqa: E402
 from embedjob.contract import DATABASE_URL_ENV, ExitCode  # noqa: E402
 
 from .config import JobConfig  # noqa: E402
@@ -72,8 +72,9 @@ def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     import ray
     from tqdm import tqdm
 
-    from .driver import DriverOptions, fault_injection_from_env, run_job
+    from .driver import fault_injection_from_env
     from .metrics import DriverMetrics
+    from .run import DriverOptions, run_job
     from .source import count_records, resolve_uri
 
     workers = config.spec.workers
@@ -89,11 +90,10 @@ def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     print(f"embedjob: {config.name}: {spec.source.uri} -> {mask_url(url)} table {spec.sink.table}, "
           f"collection {spec.sink.collection}", file=sys.stderr)
     with tqdm(total=total, unit="rec", desc=config.name, dynamic_ncols=True) as bar:
-        def show(columns: dict) -> None:
-            done = columns["records_embedded"] + columns["records_failed"]
-            bar.update(done - bar.n)
-            batches = f"{columns['batches_succeeded'] + columns['batches_failed']}/{columns['batches_total'] or '?'}"
-            bar.set_postfix(batches=batches, texts_s=columns["texts_per_second"], refresh=False)
+        def show(counters: RunCounters) -> None:
+            bar.update(counters.records_embedded + counters.records_failed - bar.n)
+            batches = f"{counters.batches_succeeded + counters.batches_failed}/{counters.batches_total or '?'}"
+            bar.set_postfix(batches=batches, texts_s=counters.texts_per_second, refresh=False)
 
         options = DriverOptions(new_run=args.new_run, metrics=metrics, on_progress=show,
                                 fault_injection=fault_injection_from_env())
@@ -108,13 +108,13 @@ def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
 def _print_summary(summary) -> None:
     c = summary.counters
     lines = [f"state              {summary.state}" + (f" ({summary.reason}: {summary.error})" if summary.reason else "")]
-    if c:
+    if c is not None:
         lines += [
-            f"records embedded   {c['records_embedded']} ({summary.records_truncated} truncated)",
-            f"records failed     {c['records_failed']}",
-            f"batches            {c['batches_succeeded']} succeeded ({summary.batches_skipped} already done),"
-            f" {c['batches_failed']} failed, {c['batches_total']} total",
-            f"throughput         {c['texts_per_second']:.1f} texts/s",
+            f"records embedded   {c.records_embedded} ({summary.records_truncated} truncated)",
+            f"records failed     {c.records_failed}",
+            f"batches            {c.batches_succeeded} succeeded ({summary.batches_skipped} already done),"
+            f" {c.batches_failed} failed, {c.batches_total} total",
+            f"throughput         {c.texts_per_second:.1f} texts/s",
             f"batch latency      p50 {summary.latency_percentile(0.5):.2f}s, p95 {summary.latency_percentile(0.95):.2f}s",
             f"model load         {summary.model_load_seconds:.1f}s",
             f"retries            {summary.retries} ({summary.oom_splits} out-of-memory splits)",

@@ -1,8 +1,21 @@
-"""Why a job stops: a failed job (exit 1) or an unreachable Ray/database (exit 3)."""
+"""Failures: why a job stops, which database errors are transient, and the backoff before a retry."""
+
+import psycopg
+import sqlalchemy as sa
+
+# A lost or refused connection, not a bad statement: worth retrying, or the database is unreachable.
+DB_ERRORS = (sa.exc.OperationalError, sa.exc.InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
+
+_BACKOFF_BASE_S, _BACKOFF_MAX_S = 1.0, 30.0
+
+
+def backoff_seconds(attempt: int) -> float:
+    """Wait before retrying after failed attempt number `attempt`: 1 s, 2 s, 4 s, ... at most 30 s."""
+    return min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * 2 ** (attempt - 1))
 
 
 class JobFailed(Exception):
-    """The job ends failed; `reason` is CamelCase and goes into the run row."""
+    """The job ends failed (exit 1); `reason` is CamelCase and goes into the run row."""
 
     def __init__(self, reason: str, message: str):
         self.reason = reason

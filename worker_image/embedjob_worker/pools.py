@@ -1,4 +1,4 @@
-"""Detached EmbeddingWorker pools on shared Ray clusters, their leases, and their removal.
+"""Detached EmbeddingWorker pools on shared Ray clusters: their names, and their removal.
 
 A job on an existing RayCluster (`spec.clusterSelector`) does not start its own actors:
 it gets or creates the detached, named actors `<pool>-0 .. <pool>-(n-1)` in the Ray
@@ -6,15 +6,11 @@ namespace `embedjob`, where the pool name is a hash of everything that makes two
 actors interchangeable (model, revision, resources, normalisation, token limit). Later
 jobs with the same model find the model already loaded.
 
-Detached actors outlive their creator, so each job holds a lease on the pool in
-PostgreSQL (`embedjob_pool_leases`): acquired before the actors are touched,
-heart-beaten with the run, released at the end. The operator removes a pool only when
-no live lease remains, through the entrypoint of this module run on the cluster:
+Detached actors outlive their creator; each job leases the pool while it runs
+(`embedjob_worker.lease`). The operator removes a pool once no live lease remains,
+through the entrypoint of this module run on the cluster:
 
     python -m embedjob_worker.pools remove --pool NAME
-
-Acquisition and removal take the same advisory lock (`embedjob.db.POOL_LOCK`), so
-a job that starts while its pool is being removed waits and then creates new actors.
 """
 
 from __future__ import annotations
@@ -23,11 +19,7 @@ import argparse
 import hashlib
 import json
 import sys
-import uuid
 
-import sqlalchemy as sa
-
-from embedjob import db
 from embedjob.api import RAY_CLUSTER_SELECTOR_KEY
 
 from .config import JobConfig
@@ -54,30 +46,6 @@ def shared_cluster(config: JobConfig) -> str | None:
     if not selector:
         return None
     return f"{config.namespace}/{selector[RAY_CLUSTER_SELECTOR_KEY]}"
-
-
-def acquire_lease(engine: sa.Engine, pool: str, cluster: str, config: JobConfig, actors: int) -> str:
-    """Record that this job uses the pool; waits while the operator is removing it."""
-    lease_id = str(uuid.uuid4())
-    with engine.begin() as conn:
-        conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.POOL_LOCK),
-                     {"name": db.pool_lock_name(cluster, pool)})
-        conn.execute(db.pool_leases.insert().values(
-            lease_id=lease_id, pool=pool, cluster=cluster, job_key=config.job_key, job_name=config.name,
-            namespace=config.namespace, actors=actors))
-    return lease_id
-
-
-def heartbeat_lease(conn: sa.Connection, lease_id: str) -> None:
-    leases = db.pool_leases
-    conn.execute(leases.update().where(leases.c.lease_id == lease_id).values(heartbeat_at=sa.func.now()))
-
-
-def release_lease(engine: sa.Engine, lease_id: str) -> None:
-    leases = db.pool_leases
-    with engine.begin() as conn:
-        conn.execute(leases.update().where(leases.c.lease_id == lease_id)
-                     .values(released_at=sa.func.now(), heartbeat_at=sa.func.now()))
 
 
 def remove_pool(pool: str) -> list[str]:

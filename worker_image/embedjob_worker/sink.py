@@ -22,7 +22,6 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from embedjob import db
 
 from .errors import JobFailed
-from .pools import heartbeat_lease
 from .records import BadRecord, Record
 
 _STAGING_DDL = (
@@ -40,6 +39,9 @@ SET content_hash = excluded.content_hash, embedding = excluded.embedding, text =
     job_key = excluded.job_key, batch_id = excluded.batch_id, updated_at = now()
 WHERE t.content_hash IS DISTINCT FROM excluded.content_hash
 """
+# A live driver refreshes heartbeat_at (its run row, its pool lease) at least this often.
+HEARTBEAT_S = 5.0
+
 _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 _COPY_TRAILER = struct.pack(">h", -1)
 _HASH_FIELD = struct.pack(">i", 64)  # hex sha256
@@ -116,7 +118,6 @@ class PostgresSink:
         self.job_key, self.collection, self.table, self.salt = job_key, collection, table, salt
         self.merge_sql = _MERGE_SQL.format(table=table)
         self.model = self.revision = None  # set by start_run
-        self.lease_id: str | None = None  # the run's pool lease, heart-beaten with the run
 
     def migrate(self) -> None:
         db.migrate(self.url)
@@ -189,7 +190,7 @@ class PostgresSink:
             return {batch_id: embedded for batch_id, embedded in rows}
 
     def write(self, run_id: str, outcomes: list[BatchOutcome], bad_records: list[BadRecord],
-              progress: dict) -> None:
+              counters: dict) -> None:
         """One transaction: vectors of the succeeded batches, batch marks, attempts, errors, counters."""
         succeeded = [o for o in outcomes if o.state == "succeeded"]
         with self.engine.begin() as conn:
@@ -208,9 +209,7 @@ class PostgresSink:
                     {"run_id": run_id, "position": e.position, "job_key": self.job_key, "record_id": e.record_id,
                      "batch_id": e.batch_id, "reason": e.reason.value, "detail": e.detail} for e in errors])
             conn.execute(db.runs.update().where(db.runs.c.run_id == run_id)
-                         .values(heartbeat_at=sa.func.now(), **progress))
-            if self.lease_id is not None:
-                heartbeat_lease(conn, self.lease_id)
+                         .values(heartbeat_at=sa.func.now(), **counters))
 
     def _write_batches(self, conn: sa.Connection, run_id: str, outcomes: list[BatchOutcome]) -> None:
         rows = [{
@@ -231,11 +230,11 @@ class PostgresSink:
             "finished_at": a.finished_at,
         } for o in outcomes for a in o.attempts])
 
-    def finish_run(self, run_id: str, state: str, reason: str | None, error: str | None, progress: dict) -> None:
+    def finish_run(self, run_id: str, state: str, reason: str | None, error: str | None, counters: dict) -> None:
         with self.engine.begin() as conn:
             conn.execute(db.runs.update().where(db.runs.c.run_id == run_id).values(
                 state=state, reason=reason, error=error, finished_at=sa.func.now(), heartbeat_at=sa.func.now(),
-                **progress))
+                **counters))
 
     def close(self) -> None:
         self.engine.dispose()

@@ -1,0 +1,213 @@
+"""Dispatch: batches to the EmbeddingWorker actors, at most maxInFlight at a time, retried with backoff.
+
+One object, the Dispatcher, owns the attempts in flight (matched back by the batch id
+their result carries, in completion order), the retry heap and the retry policy; the
+actors themselves are an ActorSet (`workers.py`). Finished batches, succeeded or failed
+for good, go to the writer; until it has committed them they count against
+maxInFlight, so a crash loses at most maxInFlight batches.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from embedjob.api import EmbeddingJobSpec
+
+from .batching import Batch
+from .errors import JobFailed, backoff_seconds
+from .logs import log_event
+from .metrics import DriverMetrics
+from .model import ResolvedModel
+from .records import BadReason, BadRecord
+from .sink import HEARTBEAT_S, AttemptRow, BatchOutcome, now
+from .tally import RunSummary
+from .workers import ActorSet, check_model
+from .writer import SinkWriter
+
+log = logging.getLogger("embedjob_worker.dispatch")
+
+
+@dataclass
+class Attempt:
+    batch: Batch
+    number: int
+    history: list[AttemptRow]
+    first_started_at: datetime
+    slot: int = -1
+    actor: object = None
+    worker: str | None = None  # the actor's name, for the attempt row when it died
+    started_at: datetime | None = None
+    submitted: float = 0.0
+
+
+class InFlightBatches:
+    """Batches handed to actors, matched back by the batch id their result carries.
+
+    Results arrive in completion order; looking them up by id (never by submission
+    position) is what makes out-of-order completion, retries and splits safe.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, object] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, batch_id: str) -> bool:
+        return batch_id in self._by_id
+
+    def add(self, batch_id: str, attempt: object) -> None:
+        if batch_id in self._by_id:
+            raise ValueError(f"batch {batch_id} is already in flight")
+        self._by_id[batch_id] = attempt
+
+    def complete(self, batch_id: str) -> object:
+        """The attempt a result belongs to; KeyError for a result nobody is waiting for."""
+        try:
+            return self._by_id.pop(batch_id)
+        except KeyError:
+            raise KeyError(f"result for batch {batch_id} which is not in flight") from None
+
+
+class Dispatcher:
+    """Runs every batch on the actors until it succeeded or failed for good.
+
+    A lost actor is replaced in its slot; a failed attempt is retried after a backoff
+    up to spec.retry.attemptsPerBatch attempts. More batches failed for good than
+    spec.retry.failedBatchesTolerated set `failure`: no new batch starts, the ones in
+    flight finish.
+    """
+
+    def __init__(self, spec: EmbeddingJobSpec, actors: ActorSet, resolved: ResolvedModel, max_tokens: int,
+                 metrics: DriverMetrics, summary: RunSummary):
+        self.spec, self.actors, self.resolved, self.max_tokens = spec, actors, resolved, max_tokens
+        self.metrics, self.summary = metrics, summary
+        self.failure: JobFailed | None = None
+        self.failed_batches = 0  # for good, in this session
+        self._in_flight = InFlightBatches()
+        self._refs: dict[ray.ObjectRef, str] = {}
+        self._retries: list[tuple[float, int, Attempt]] = []  # heap of (not before, tie-breaker, attempt)
+        self._tie = itertools.count()
+
+    def run(self, batches: Iterator[Batch], writer: SinkWriter, report: Callable[[], None]) -> None:
+        """Embed every batch (and hand it to `writer`); `report` after each result or wait."""
+        max_in_flight = self.spec.batching.max_in_flight
+        source_done = False
+        while True:
+            if writer.error is not None:
+                raise JobFailed("DatabaseUnavailable", f"writing to the database failed: {writer.error}")
+            while self.failure is None and len(self._in_flight) + writer.uncommitted < max_in_flight:
+                if self._retries and self._retries[0][0] <= time.monotonic():
+                    self._submit(heapq.heappop(self._retries)[2])
+                elif source_done:
+                    break
+                elif (batch := next(batches, None)) is None:
+                    source_done = True
+                else:
+                    self._submit(Attempt(batch, 1, [], now()))
+            if not self._refs:
+                if self.failure is not None or (source_done and not self._retries and not writer.uncommitted):
+                    return
+                if self._retries and not writer.uncommitted:
+                    time.sleep(max(0.0, self._retries[0][0] - time.monotonic()))
+                else:
+                    writer.wait_for_commit(timeout=1.0)
+                report()
+                continue
+            ready, _ = ray.wait(list(self._refs), num_returns=1, timeout=HEARTBEAT_S)
+            for ref in ready:
+                if (outcome := self._handle(ref, self._refs.pop(ref))) is not None:
+                    writer.put_outcome(outcome)
+            report()
+
+    def _submit(self, attempt: Attempt) -> None:
+        actors = self.actors
+        attempt.slot = actors.least_loaded()
+        attempt.actor = actors.actors[attempt.slot]
+        attempt.worker = actors.actor_name(attempt.slot)
+        attempt.started_at, attempt.submitted = now(), time.monotonic()
+        actors.outstanding[attempt.slot] += 1
+        ref = attempt.actor.embed.remote(attempt.batch.batch_id, attempt.batch.texts)
+        self._in_flight.add(attempt.batch.batch_id, attempt)
+        self._refs[ref] = attempt.batch.batch_id
+        log_event(log, "batch_dispatched", batch=attempt.batch.batch_id, attempt=attempt.number,
+                  records=len(attempt.batch.records), slot=attempt.slot)
+
+    def _complete(self, batch_id: str) -> Attempt:
+        attempt = self._in_flight.complete(batch_id)
+        self.actors.outstanding[attempt.slot] -= 1
+        return attempt
+
+    def _handle(self, ref: ray.ObjectRef, batch_id: str) -> BatchOutcome | None:
+        """The batch's outcome once it succeeded or failed for good; None while it will be retried."""
+        try:
+            result = ray.get(ref)
+        except RayActorError as exc:
+            attempt = self._complete(batch_id)
+            self.actors.replace(attempt.slot, attempt.actor)
+            return self._failed_attempt(attempt, "ActorDied", str(exc).splitlines()[0], retryable=True)
+        except RayTaskError as exc:
+            attempt = self._complete(batch_id)
+            cause = exc.cause if exc.cause is not None else exc
+            return self._failed_attempt(attempt, type(cause).__name__,
+                                        str(cause).splitlines()[0] if str(cause) else "", retryable=True)
+        # Matched by the id the result carries, not by the order of submission.
+        attempt = self._complete(result["batch_id"])
+        latency = time.monotonic() - attempt.submitted
+        self.summary.batch_latencies.append(latency)
+        self.metrics.batch_latency.observe(latency)
+        try:
+            check_model(result, self.resolved)
+        except JobFailed as mismatch:
+            return self._failed_attempt(attempt, mismatch.reason, str(mismatch), retryable=False)
+        return self._succeeded(attempt, result)
+
+    def _succeeded(self, attempt: Attempt, result: dict) -> BatchOutcome:
+        batch, worker, history = attempt.batch, result["worker"], attempt.history
+        if result["oom_splits"]:
+            self.summary.oom_splits += result["oom_splits"]
+            self.metrics.oom_splits.inc(result["oom_splits"])
+            history.append(AttemptRow(attempt.number, worker, "split", f"OutOfMemory: batch of {len(batch.records)}"
+                                      f" split in halves {result['oom_splits']} time(s)", attempt.started_at))
+        history.append(AttemptRow(attempt.number, worker, "succeeded", None, attempt.started_at))
+        truncated = [BadRecord(batch.records[i].position, batch.records[i].id, BadReason.truncated,
+                               f"longer than {self.max_tokens} tokens: embedded truncated", batch.batch_id)
+                     for i in result["truncated"]]
+        self.summary.records_truncated += len(truncated)
+        self.metrics.records.labels("embedded").inc(len(batch.records))
+        self.metrics.records.labels("truncated").inc(len(truncated))
+        self.metrics.batches.labels("succeeded").inc()
+        return BatchOutcome(batch.batch_id, "succeeded", batch.records, history, attempt.first_started_at,
+                            vectors=result["vectors"], worker=worker, truncated=truncated,
+                            duration_s=(now() - attempt.first_started_at).total_seconds())
+
+    def _failed_attempt(self, attempt: Attempt, reason: str, message: str, retryable: bool) -> BatchOutcome | None:
+        will_retry = retryable and attempt.number < self.spec.retry.attempts_per_batch
+        attempt.history.append(AttemptRow(attempt.number, attempt.worker, "retry" if will_retry else "failed",
+                                          f"{reason}: {message}"[:2000], attempt.started_at))
+        log_event(log, "batch_attempt_failed", logging.WARNING, batch=attempt.batch.batch_id, attempt=attempt.number,
+                  reason=reason, error=message[:300], retry=will_retry)
+        if will_retry:
+            self.summary.retries += 1
+            self.metrics.retries.labels(reason).inc()
+            retry = Attempt(attempt.batch, attempt.number + 1, attempt.history, attempt.first_started_at)
+            heapq.heappush(self._retries, (time.monotonic() + backoff_seconds(attempt.number), next(self._tie), retry))
+            return None
+        self.metrics.batches.labels("failed").inc()
+        self.failed_batches += 1
+        tolerated = self.spec.retry.failed_batches_tolerated
+        if self.failed_batches > tolerated and self.failure is None:
+            self.failure = JobFailed("TooManyFailedBatches", f"{self.failed_batches} batch(es) failed for good, more "
+                                     f"than spec.retry.failedBatchesTolerated={tolerated}; last: {reason}: {message}")
+        return BatchOutcome(attempt.batch.batch_id, "failed", attempt.batch.records, attempt.history,
+                            attempt.first_started_at, error=f"{reason}: {message}"[:4000],
+                            duration_s=(now() - attempt.first_started_at).total_seconds())

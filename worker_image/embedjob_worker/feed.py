@@ -1,0 +1,60 @@
+"""The input feed: the source's records, classified, cut into the batches this run still has to embed."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+
+from embedjob.api import EmbeddingJobSpec
+
+from .batching import Batch, make_batches
+from .errors import JobFailed
+from .metrics import DriverMetrics
+from .records import BadRecord, RawRecord, Record, classify_records
+from .source import read_records
+from .tally import RunTally
+
+
+def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: dict[str, int], tally: RunTally,
+                     metrics: DriverMetrics, on_bad_records: Callable[[list[BadRecord]], None]) -> Iterator[Batch]:
+    """Stream the batches of valid records (batch ids derive from `key`), skipping those in
+    `done_before` (batch id -> records embedded by an earlier session of the job).
+
+    Bad records go to `on_bad_records` as they turn up, before the next batch; once the
+    input has been read through, the tally learns its totals.
+    """
+    bad: list[BadRecord] = []
+    positions = itertools.count()
+
+    def valid(raw_records: Iterable[RawRecord]) -> Iterator[Record]:
+        for item in classify_records(raw_records):
+            next(positions)
+            match item:
+                case Record():
+                    yield item
+                case BadRecord():
+                    bad.append(item)
+
+    def hand_over_bad() -> None:
+        if bad:
+            tally.rejected(len(bad))
+            metrics.records.labels("failed").inc(len(bad))
+            on_bad_records(list(bad))
+            bad.clear()
+
+    source, batching = spec.source, spec.batching
+    raw = read_records(uri, source.format, source.id_field, source.text_field)
+    total = 0
+    try:
+        for batch in make_batches(valid(raw), batching.batch_size, batching.sort_window, key):
+            hand_over_bad()
+            total += 1
+            if batch.batch_id in done_before:
+                tally.skipped(done_before[batch.batch_id])
+                metrics.batches.labels("skipped").inc()
+            else:
+                yield batch
+    except (OSError, ValueError, KeyError) as exc:
+        raise JobFailed("SourceUnreadable", f"reading {uri}: {type(exc).__name__}: {exc}") from None
+    hand_over_bad()
+    tally.input_read(batches=total, records=next(positions))

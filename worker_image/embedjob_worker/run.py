@@ -1,0 +1,165 @@
+"""Runs one embedding job: starts or resumes its run and wires lease, actors, feed, dispatch and writer.
+
+The steps (docs/driver.md, "What a run does"): migrate, resolve the model's revision
+and fingerprint the input, start or resume the run row, lease the shared pool if the
+job runs on one, start the actors and wait for their model, then stream the batches
+through the Dispatcher into the SinkWriter, and finally record how the run ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from embedjob.api import RunCounters
+
+from .batching import batch_key
+from .config import JobConfig, config_fingerprint
+from .dispatch import Dispatcher
+from .errors import DB_ERRORS, JobFailed, Unreachable
+from .feed import batches_to_embed
+from .lease import PoolLease
+from .logs import log_event
+from .metrics import DriverMetrics
+from .model import ResolvedModel, resolve_model
+from .pools import pool_name, shared_cluster
+from .sink import PostgresSink, content_salt
+from .source import input_fingerprint, resolve_uri
+from .tally import RunSummary, RunTally
+from .workers import ActorSet, check_model
+from .writer import SinkWriter
+
+log = logging.getLogger("embedjob_worker.run")
+
+
+@dataclass
+class DriverOptions:
+    new_run: bool = False
+    metrics: DriverMetrics | None = None
+    # Called from the driver loop with the run's counters (the CLI draws its progress bar).
+    on_progress: Callable[[RunCounters], None] | None = None
+    fault_injection: dict | None = None
+    workers_ready_timeout_s: float = 900.0
+
+
+class JobRun:
+    def __init__(self, config: JobConfig, database_url: str, options: DriverOptions):
+        self.config, self.spec, self.options = config, config.spec, options
+        self.metrics = options.metrics or DriverMetrics()
+        self.tally = RunTally()
+        self.started = time.monotonic()
+        self.summary = RunSummary(run_id=None, state="running")
+        self.sink = PostgresSink(database_url, config.job_key, self.spec.sink.collection, self.spec.sink.table,
+                                 content_salt(self.spec.model.normalize, self.spec.model.max_seq_length))
+
+    def run(self) -> RunSummary:
+        try:
+            self.sink.migrate()
+        except sa.exc.OperationalError as exc:
+            raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
+        try:
+            resolved, uri, input_fp = self._resolve_inputs()
+            config_fp = config_fingerprint(self.spec, resolved.revision)
+            start = self.sink.start_run(self.config.name, self.config.namespace, resolved.name, resolved.revision,
+                                        input_fp, config_fp, self.options.new_run)
+        except JobFailed as failure:
+            log_event(log, "job_refused", logging.ERROR, reason=failure.reason, error=str(failure))
+            self.summary.state, self.summary.reason, self.summary.error = "failed", failure.reason, str(failure)
+            return self.summary
+        self.summary.run_id = start.run_id
+        log_event(log, "run_started", job=self.config.job_key, run=start.run_id, resumed=start.resumed,
+                  model=resolved.name, revision=resolved.revision, source=uri)
+        try:
+            self._embed(resolved, uri, batch_key(input_fp, config_fp), start.run_id)
+        finally:
+            self.sink.close()
+        return self.summary
+
+    def _resolve_inputs(self) -> tuple[ResolvedModel, str, str]:
+        """Model revision and input fingerprint; failing either is recorded as a refused run."""
+        uri = resolve_uri(self.spec.source.uri, self.config.base_dir)
+        try:
+            resolved = resolve_model(self.spec.model)
+        except (OSError, ValueError) as exc:
+            failure = JobFailed("ModelUnavailable", f"spec.model: {exc}")
+        else:
+            try:
+                return resolved, uri, input_fingerprint(uri)
+            except (OSError, ValueError) as exc:
+                failure = JobFailed("SourceUnavailable", f"spec.source.uri {uri}: {type(exc).__name__}: {exc}")
+        self.sink.record_refused_start(self.config.name, self.config.namespace, self.spec.model.name,
+                                       failure.reason, str(failure))
+        raise failure
+
+    def _embed(self, resolved: ResolvedModel, uri: str, key: str, run_id: str) -> None:
+        spec = self.spec
+        done_before = self.sink.succeeded_batches()
+        cluster = shared_cluster(self.config)
+        shared_pool = pool_name(resolved, spec.workers.cpus_per_actor, spec.workers.gpus_per_actor) if cluster else None
+        failure: JobFailed | None = None
+        with ExitStack() as cleanup:  # on the way out: the writer drains, the actors go, the lease is released
+            if shared_pool:
+                # Leased before any actor is touched, so the operator never removes the pool under us.
+                cleanup.callback(PoolLease.acquire(self.sink.engine, shared_pool, cluster, self.config,
+                                                   spec.workers.replicas).release)
+            actors = ActorSet(self.config, resolved, self.options.fault_injection, shared_pool)
+            cleanup.callback(actors.shutdown)
+            writer = SinkWriter(self.sink, run_id, self.tally, spec.retry.attempts_per_batch)
+            cleanup.callback(writer.close)
+            try:
+                dispatcher = self._dispatcher(actors, resolved, len(done_before))
+                batches = batches_to_embed(spec, uri, key, done_before, self.tally, self.metrics,
+                                           writer.put_bad_records)
+                dispatcher.run(batches, writer, self._report)
+                failure = dispatcher.failure
+            except JobFailed as exc:
+                failure = exc
+        if writer.error is not None:
+            failure = JobFailed("DatabaseUnavailable", f"writing to the database failed: {writer.error}")
+        self._finish(run_id, failure)
+
+    def _dispatcher(self, actors: ActorSet, resolved: ResolvedModel, skipping: int) -> Dispatcher:
+        """Once every actor has loaded the job's model: the vectors table, and the dispatcher."""
+        infos = actors.wait_ready(self.options.workers_ready_timeout_s)
+        self.summary.workers = infos
+        for info in infos:
+            check_model(info, resolved)
+        self.sink.ensure_vectors_table(infos[0]["dimension"])
+        self.summary.model_load_seconds = max(i["load_seconds"] for i in infos)
+        self.metrics.model_load_seconds.set(self.summary.model_load_seconds)
+        log_event(log, "workers_ready", replicas=len(infos), load_seconds=round(self.summary.model_load_seconds, 2),
+                  actors=",".join(i["actor_id"] for i in infos), dimension=infos[0]["dimension"], skipping=skipping)
+        self.tally.start_embedding()
+        return Dispatcher(self.spec, actors, resolved, infos[0]["max_tokens"], self.metrics, self.summary)
+
+    def _report(self) -> None:
+        counters = self.tally.counters()
+        self.metrics.texts_per_second.set(counters.texts_per_second)
+        if self.options.on_progress:
+            self.options.on_progress(counters)
+
+    def _finish(self, run_id: str, failure: JobFailed | None) -> None:
+        counters = self.tally.counters()
+        state = "failed" if failure else "succeeded"
+        self.summary.state, self.summary.counters = state, counters
+        self.summary.batches_skipped = self.tally.batches_skipped
+        self.summary.reason = failure.reason if failure else None
+        self.summary.error = str(failure) if failure else None
+        self.summary.elapsed_seconds = time.monotonic() - self.started
+        try:
+            self.sink.finish_run(run_id, state, self.summary.reason, self.summary.error, counters.model_dump())
+        except DB_ERRORS as exc:
+            raise Unreachable(f"cannot record the run's end in the database: {exc}") from None
+        log_event(log, "run_finished", logging.ERROR if failure else logging.INFO, run=run_id, state=state,
+                  reason=self.summary.reason, error=self.summary.error, **counters.model_dump())
+        self._report()
+
+
+def run_job(config: JobConfig, database_url: str, options: DriverOptions | None = None) -> RunSummary:
+    """Run (or resume) the job on the Ray cluster this process is connected to."""
+    return JobRun(config, database_url, options or DriverOptions()).run()

@@ -1,0 +1,98 @@
+"""The run's counts: the run row's counters (as embedjob.api.RunCounters) and the end-of-run summary."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from embedjob.api import RunCounters
+
+from .sink import BatchOutcome
+
+
+class RunTally:
+    """The run's counters, kept by the driver loop and the writer thread; read as RunCounters."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.batches_total: int | None = None  # known once the input has been read through
+        self.records_total: int | None = None
+        self.batches_skipped = self.records_skipped = 0  # done by an earlier session of this job
+        self.batches_succeeded = self.batches_failed = 0  # committed in this session
+        self.records_embedded = self.records_failed = 0
+        self._embedding_started: float | None = None
+
+    def start_embedding(self) -> None:
+        """Texts per second count from here (the actors are ready)."""
+        with self._lock:
+            self._embedding_started = time.monotonic()
+
+    def input_read(self, batches: int, records: int) -> None:
+        with self._lock:
+            self.batches_total, self.records_total = batches, records
+
+    def skipped(self, records_embedded: int) -> None:
+        """A batch an earlier session of the job already wrote."""
+        with self._lock:
+            self.batches_skipped += 1
+            self.records_skipped += records_embedded
+
+    def rejected(self, records: int) -> None:
+        """Bad records, failed before embedding."""
+        with self._lock:
+            self.records_failed += records
+
+    def counters(self, pending: Iterable[BatchOutcome] = ()) -> RunCounters:
+        """The run row's counters, as if `pending` were already committed."""
+        pending = list(pending)
+        succeeded = [o for o in pending if o.state == "succeeded"]
+        failed = [o for o in pending if o.state == "failed"]
+        with self._lock:
+            embedded = self.records_embedded + sum(len(o.records) for o in succeeded)
+            elapsed = time.monotonic() - self._embedding_started if self._embedding_started else 0.0
+            return RunCounters(
+                batches_total=self.batches_total,
+                batches_succeeded=self.batches_skipped + self.batches_succeeded + len(succeeded),
+                batches_failed=self.batches_failed + len(failed),
+                records_total=self.records_total,
+                records_embedded=self.records_skipped + embedded,
+                records_failed=self.records_failed + sum(len(o.records) for o in failed),
+                texts_per_second=round(embedded / elapsed, 2) if elapsed > 0 else 0.0,
+            )
+
+    def commit(self, outcomes: Iterable[BatchOutcome]) -> None:
+        with self._lock:
+            for o in outcomes:
+                if o.state == "succeeded":
+                    self.batches_succeeded += 1
+                    self.records_embedded += len(o.records)
+                else:
+                    self.batches_failed += 1
+                    self.records_failed += len(o.records)
+
+
+@dataclass
+class RunSummary:
+    """What a run did, for the caller (`embedjob run` prints it)."""
+
+    run_id: str | None
+    state: str  # succeeded | failed
+    reason: str | None = None
+    error: str | None = None
+    counters: RunCounters | None = None  # the run row's counters; None when the run was refused
+    batches_skipped: int = 0
+    records_truncated: int = 0
+    retries: int = 0
+    oom_splits: int = 0
+    batch_latencies: list[float] = field(default_factory=list)
+    model_load_seconds: float = 0.0
+    elapsed_seconds: float = 0.0
+    workers: list[dict] = field(default_factory=list)  # each actor's info(): actor id, when it loaded the model
+
+    def latency_percentile(self, q: float) -> float:
+        if not self.batch_latencies:
+            return 0.0
+        ordered = sorted(self.batch_latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

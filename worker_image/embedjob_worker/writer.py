@@ -1,0 +1,122 @@
+"""The writer thread: finished batches and bad records go to PostgreSQL in groups, off the driver loop.
+
+Keeps PostgreSQL round trips off the driver loop; batches queued here count against
+maxInFlight, so a crash still loses at most maxInFlight batches. With nothing to write
+it still writes the run's counters every HEARTBEAT_S, which is the run's heartbeat.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from .errors import DB_ERRORS, backoff_seconds
+from .logs import log_event
+from .records import BadRecord
+from .sink import HEARTBEAT_S, AttemptRow, BatchOutcome, PostgresSink, now
+from .tally import RunTally
+
+log = logging.getLogger("embedjob_worker.writer")
+
+# Finished batches written per transaction at most; more waiting means the sink is behind.
+_MAX_GROUP_BATCHES = 64
+
+
+# What the writer's queue holds, besides the BatchOutcomes themselves.
+@dataclass(frozen=True)
+class _BadRecords:
+    records: tuple[BadRecord, ...]
+
+
+@dataclass(frozen=True)
+class _Stop:
+    """Write what is queued before this, then end the thread."""
+
+
+class SinkWriter:
+    def __init__(self, sink: PostgresSink, run_id: str, tally: RunTally, attempts: int):
+        self.sink, self.run_id, self.tally, self.attempts = sink, run_id, tally, attempts
+        self.error: BaseException | None = None
+        self._queue: queue.Queue[BatchOutcome | _BadRecords | _Stop] = queue.Queue()
+        self._uncommitted = 0
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="embedjob-sink", daemon=True)
+        self._thread.start()
+
+    @property
+    def uncommitted(self) -> int:
+        with self._changed:
+            return self._uncommitted
+
+    def put_outcome(self, outcome: BatchOutcome) -> None:
+        with self._changed:
+            self._uncommitted += 1
+        self._queue.put(outcome)
+
+    def put_bad_records(self, bad_records: list[BadRecord]) -> None:
+        if bad_records:
+            self._queue.put(_BadRecords(tuple(bad_records)))
+
+    def wait_for_commit(self, timeout: float) -> None:
+        with self._changed:
+            self._changed.wait(timeout)
+
+    def close(self) -> None:
+        """Write everything queued, then stop."""
+        self._queue.put(_Stop())
+        self._thread.join()
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping and self.error is None:
+            outcomes: list[BatchOutcome] = []
+            bad_records: list[BadRecord] = []
+            for item in self._next_group():
+                match item:
+                    case BatchOutcome():
+                        outcomes.append(item)
+                    case _BadRecords(records):
+                        bad_records.extend(records)
+                    case _Stop():
+                        stopping = True
+            try:
+                self._write(outcomes, bad_records)
+            except BaseException as exc:  # noqa: BLE001 - handed to the driver loop, which fails the job
+                self.error = exc
+            with self._changed:
+                if self.error is None:
+                    self._uncommitted -= len(outcomes)
+                self._changed.notify_all()
+
+    def _next_group(self) -> list[BatchOutcome | _BadRecords | _Stop]:
+        """What has queued up, waiting at most HEARTBEAT_S for the first item (none: a heartbeat write)."""
+        try:
+            items = [self._queue.get(timeout=HEARTBEAT_S)]
+        except queue.Empty:
+            return []
+        while len(items) < _MAX_GROUP_BATCHES:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return items
+
+    def _write(self, outcomes: list[BatchOutcome], bad_records: list[BadRecord]) -> None:
+        for attempt in itertools.count(1):
+            try:
+                self.sink.write(self.run_id, outcomes, bad_records, self.tally.counters(outcomes).model_dump())
+                self.tally.commit(outcomes)
+                return
+            except DB_ERRORS as exc:
+                if attempt >= self.attempts:
+                    raise
+                log_event(log, "sink_write_retry", logging.WARNING, attempt=attempt, error=str(exc)[:300])
+                for outcome in outcomes:  # recorded with the batch once the write gets through
+                    final = outcome.attempts[-1]
+                    outcome.attempts.insert(-1, AttemptRow(final.attempt, None, "retry",
+                                                           f"DatabaseWriteFailed: {exc}"[:2000], now()))
+                time.sleep(backoff_seconds(attempt))
