@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from embedjob.api import JobState
+from embedjob.api_status import JobState
 from embedjob.contract import EXIT_REASONS
 
 from .acceptance import ACCEPTED, Verdict
