@@ -18,7 +18,7 @@ from . import handlers  # noqa: F401  (registers the handlers with kopf)
 from . import metrics
 from .kube import Cluster
 from .pools import LeaseStore, PoolSweeper
-from .progress import ProgressReader
+from .run_reader import RunReader
 from .reconcile import Context, StatusKeeper
 from .settings import Settings
 
@@ -43,20 +43,20 @@ def main() -> None:
     settings = Settings.from_env()
     kopf.configure(log_format=LOG_FORMATS[settings.log_format])
     metrics.serve(settings.metrics_port)
-    progress = ProgressReader(settings.database_url) if settings.database_url else None
+    runs = RunReader(settings.database_url) if settings.database_url else None
     leases = LeaseStore(settings.database_url) if settings.database_url else None
     cluster = Cluster.from_environment()
     context = Context(
         settings=settings,
         cluster=cluster,
-        progress=progress,
+        runs=runs,
         job_states=metrics.JobStates(),
         pools=PoolSweeper(settings, cluster, leases) if leases is not None else None,
     )
     try:
         asyncio.run(run(settings, context))
     finally:
-        for store in (progress, leases):
+        for store in (runs, leases):
             if store is not None:
                 store.close()
 

@@ -20,7 +20,7 @@ from .acceptance import ACCEPTED, Verdict
 from .kube import Cluster
 from .metrics import JobStates
 from .pools import PoolSweeper
-from .progress import ProgressReader, ProgressUnavailable
+from .run_reader import RunReader, RunUnavailable
 from .rayjob import build_rayjob, owned_by, rayjob_name
 from .settings import Settings
 
@@ -36,7 +36,7 @@ class Context:
 
     settings: Settings
     cluster: Cluster
-    progress: ProgressReader | None
+    runs: RunReader | None  # None without EMBEDJOB_DATABASE_URL: no progress to read
     job_states: JobStates
     pools: PoolSweeper | None = None  # None without EMBEDJOB_DATABASE_URL: no pool leases to read
 
@@ -82,10 +82,10 @@ async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str
                   verdict: Verdict | None, ctx: Context) -> status.Observation:
     run, progress_error = None, None
     deployment = ((rayjob or {}).get("status") or {}).get("jobDeploymentStatus")
-    if ctx.progress is not None and deployment in PROGRESS_STATES and not status.is_final(current):
+    if ctx.runs is not None and deployment in PROGRESS_STATES and not status.is_final(current):
         try:
-            run = await asyncio.to_thread(ctx.progress.latest, job["metadata"]["uid"])
-        except ProgressUnavailable as exc:
+            run = await asyncio.to_thread(ctx.runs.latest, job["metadata"]["uid"])
+        except RunUnavailable as exc:
             progress_error = str(exc)
     return status.Observation(
         generation=job["metadata"].get("generation") or 0,

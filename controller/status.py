@@ -18,7 +18,7 @@ from embedjob.api_status import JobState
 from embedjob.contract import EXIT_REASONS
 
 from .acceptance import ACCEPTED, Verdict
-from .progress import RunProgress
+from .run_reader import RunRow
 
 CONDITION_TYPES = ("Accepted", "Running", "Complete", "Failed", "Suspended")
 FINAL_STATES = (JobState.complete.value, JobState.failed.value)
@@ -45,7 +45,7 @@ class Observation:
     suspend: bool
     verdict: Verdict | None  # this operator's latest review; None: none since it started
     rayjob: dict[str, Any] | None  # the job's own RayJob (metadata, spec, status)
-    run: RunProgress | None  # the driver's latest run row
+    run: RunRow | None  # the driver's latest run row
     progress_error: str | None  # why the run row could not be read
     now: str  # RFC 3339, UTC
 
@@ -73,7 +73,7 @@ def find_condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
 
 
-def progress_of(run: RunProgress) -> dict[str, Any]:
+def progress_of(run: RunRow) -> dict[str, Any]:
     done, total = run.batches_succeeded, run.batches_total
     summary = f"{done}/{total} batches" if total is not None else f"{done} batches"
     if run.batches_failed:
@@ -91,7 +91,7 @@ def progress_of(run: RunProgress) -> dict[str, Any]:
     return progress
 
 
-def failure(rayjob_status: dict[str, Any], run: RunProgress | None) -> tuple[str, str]:
+def failure(rayjob_status: dict[str, Any], run: RunRow | None) -> tuple[str, str]:
     """The most specific reason a finished RayJob did not succeed, and a message."""
     message = _short(rayjob_status.get("message"))
     if run is not None and run.state == "failed" and run.reason:
