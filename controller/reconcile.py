@@ -64,7 +64,7 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
         verdict = acceptance.review(parsed, secret)
         if not verdict.accepted:
             return verdict
-        rayjob = await ctx.cluster.create_or_get_rayjob(build_rayjob(job, ctx.settings))
+        rayjob = await ctx.cluster.create_or_get_rayjob(build_rayjob(job, parsed, ctx.settings))
         if not owned_by(rayjob, meta["uid"]):
             return Verdict(False, "RayJobConflict",
                            f"RayJob {rayjob['metadata']['name']!r} exists and is not owned by this job")
