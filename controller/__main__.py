@@ -16,8 +16,9 @@ from embedjob import api
 
 from . import handlers  # noqa: F401  (registers the handlers with kopf)
 from . import metrics
-from .kube import Cluster
-from .pools import LeaseStore, PoolSweeper
+from .kube import KubeApi
+from .pool_leases import LeaseStore
+from .pool_sweeper import PoolSweeper
 from .run_reader import RunReader
 from .reconcile import Context, StatusKeeper
 from .settings import Settings
@@ -45,13 +46,13 @@ def main() -> None:
     metrics.serve(settings.metrics_port)
     runs = RunReader(settings.database_url) if settings.database_url else None
     leases = LeaseStore(settings.database_url) if settings.database_url else None
-    cluster = Cluster.from_environment()
+    kube = KubeApi.from_environment()
     context = Context(
         settings=settings,
-        cluster=cluster,
+        kube=kube,
         runs=runs,
         job_states=metrics.JobStates(),
-        pools=PoolSweeper(settings, cluster, leases) if leases is not None else None,
+        pools=PoolSweeper(settings, kube, leases) if leases is not None else None,
     )
     try:
         asyncio.run(run(settings, context))
