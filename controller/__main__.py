@@ -19,8 +19,8 @@ from . import metrics
 from .kube import KubeApi
 from .pool_leases import LeaseStore
 from .pool_sweeper import PoolSweeper
-from .run_reader import RunReader
 from .reconcile import Context, StatusKeeper
+from .run_reader import RunReader
 from .settings import Settings
 
 FINALIZER = f"{api.GROUP}/cleanup"
@@ -52,7 +52,7 @@ def main() -> None:
         kube=kube,
         runs=runs,
         job_states=metrics.JobStates(),
-        pools=PoolSweeper(settings, kube, leases) if leases is not None else None,
+        pool_sweeper=PoolSweeper(settings, kube, leases) if leases is not None else None,
     )
     try:
         asyncio.run(run(settings, context))
@@ -64,7 +64,7 @@ def main() -> None:
 
 async def run(settings: Settings, context: Context) -> None:
     """kopf's operator, and beside it the sweep of idle actor pools."""
-    sweep = asyncio.create_task(context.pools.run()) if context.pools is not None else None
+    sweep = asyncio.create_task(context.pool_sweeper.run()) if context.pool_sweeper is not None else None
     try:
         await kopf.operator(
             settings=kopf_settings(),

@@ -20,8 +20,8 @@ from .acceptance import ACCEPTED, Verdict
 from .kube import KubeApi
 from .metrics import JobStates
 from .pool_sweeper import PoolSweeper
-from .run_reader import RunReader, RunUnavailable
 from .rayjob import build_rayjob, owned_by, rayjob_name
+from .run_reader import RunReader, RunUnavailable
 from .settings import Settings
 
 log = logging.getLogger("controller.reconcile")
@@ -38,12 +38,12 @@ class Context:
     kube: KubeApi
     runs: RunReader | None  # None without EMBEDJOB_DATABASE_URL: no progress to read
     job_states: JobStates
-    pools: PoolSweeper | None = None  # None without EMBEDJOB_DATABASE_URL: no pool leases to read
+    pool_sweeper: PoolSweeper | None = None  # None without EMBEDJOB_DATABASE_URL: no pool leases to read
 
     def pool_released(self, spec: dict[str, Any]) -> None:
         """A job on a shared cluster ended or went away: its pool may become idle."""
-        if self.pools is not None and spec.get("clusterSelector"):
-            self.pools.wake()
+        if self.pool_sweeper is not None and spec.get("clusterSelector"):
+            self.pool_sweeper.wake()
 
 
 def own_rayjob(candidates: Iterable[dict[str, Any]], job_uid: str) -> dict[str, Any] | None:
