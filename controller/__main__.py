@@ -16,10 +16,11 @@ from embedjob import api
 
 from . import handlers  # noqa: F401  (registers the handlers with kopf)
 from . import metrics
-from .kube import Cluster
-from .pools import LeaseStore, PoolSweeper
-from .progress import ProgressReader
+from .kube import KubeApi
+from .pool_leases import LeaseStore
+from .pool_sweeper import PoolSweeper
 from .reconcile import Context, StatusKeeper
+from .run_reader import RunReader
 from .settings import Settings
 
 FINALIZER = f"{api.GROUP}/cleanup"
@@ -43,27 +44,27 @@ def main() -> None:
     settings = Settings.from_env()
     kopf.configure(log_format=LOG_FORMATS[settings.log_format])
     metrics.serve(settings.metrics_port)
-    progress = ProgressReader(settings.database_url) if settings.database_url else None
+    runs = RunReader(settings.database_url) if settings.database_url else None
     leases = LeaseStore(settings.database_url) if settings.database_url else None
-    cluster = Cluster.from_environment()
+    kube = KubeApi.from_environment()
     context = Context(
         settings=settings,
-        cluster=cluster,
-        progress=progress,
+        kube=kube,
+        runs=runs,
         job_states=metrics.JobStates(),
-        pools=PoolSweeper(settings, cluster, leases) if leases is not None else None,
+        pool_sweeper=PoolSweeper(settings, kube, leases) if leases is not None else None,
     )
     try:
         asyncio.run(run(settings, context))
     finally:
-        for store in (progress, leases):
+        for store in (runs, leases):
             if store is not None:
                 store.close()
 
 
 async def run(settings: Settings, context: Context) -> None:
     """kopf's operator, and beside it the sweep of idle actor pools."""
-    sweep = asyncio.create_task(context.pools.run()) if context.pools is not None else None
+    sweep = asyncio.create_task(context.pool_sweeper.run()) if context.pool_sweeper is not None else None
     try:
         await kopf.operator(
             settings=kopf_settings(),

@@ -1,4 +1,4 @@
-"""What the CRD schema cannot check before a job may start (pure functions).
+"""The review before a job may start: its spec parsed once, and what the CRD schema cannot check (pure functions).
 
 A rejection is not a failure: the job stays `Accepted=False` with the reason, and the
 operator looks again later (a Secret created afterwards lets the job proceed; the

@@ -23,13 +23,15 @@ EVENT_SOURCE = "embedjob-operator"
 NOT_FOUND, CONFLICT = 404, 409
 
 
-class Cluster:
+class KubeApi:
+    """The operator's own calls to the Kubernetes API (one client for the whole operator)."""
+
     def __init__(self, client: kubernetes.client.ApiClient):
         self._core = kubernetes.client.CoreV1Api(client)
         self._custom = kubernetes.client.CustomObjectsApi(client)
 
     @classmethod
-    def from_environment(cls) -> "Cluster":
+    def from_environment(cls) -> "KubeApi":
         """In-cluster credentials, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
         try:
             kubernetes.config.load_incluster_config()

@@ -8,7 +8,7 @@ from typing import Iterator
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from embedjob.api import JobState
+from embedjob.api_status import JobState
 
 RECONCILES = Counter("embedjob_reconciles_total", "Handler runs, by handler.", ["handler"])
 ERRORS = Counter("embedjob_reconcile_errors_total", "Handler runs that raised, by handler and error.",

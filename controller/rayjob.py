@@ -1,4 +1,4 @@
-"""The RayJob for an EmbeddingJob: a pure function of the EmbeddingJob and the settings.
+"""The RayJob for an EmbeddingJob: a pure function of the EmbeddingJob, its parsed spec and the settings.
 
 Credentials reach the Ray pods only as `env[].valueFrom.secretKeyRef` (the user's
 Secret); the entrypoint carries the job config, which holds the Secret's name but
@@ -154,9 +154,9 @@ def _cluster_spec(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Set
     }
 
 
-def build_rayjob(job: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """The RayJob manifest for the EmbeddingJob `job` (a dict with metadata and spec)."""
-    spec = api.parse_spec(job["spec"])
+def build_rayjob(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Settings) -> dict[str, Any]:
+    """The RayJob manifest for the EmbeddingJob `job` (a dict with metadata and spec); `spec` is
+    its spec as the operator parsed it once (the entrypoint carries the spec as written)."""
     meta = job["metadata"]
     rayjob_spec: dict[str, Any] = {
         "entrypoint": entrypoint(job),

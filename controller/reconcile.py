@@ -17,11 +17,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 from . import acceptance, metrics, status
 from .acceptance import ACCEPTED, Verdict
-from .kube import Cluster
+from .kube import KubeApi
 from .metrics import JobStates
-from .pools import PoolSweeper
-from .progress import ProgressReader, ProgressUnavailable
+from .pool_sweeper import PoolSweeper
 from .rayjob import build_rayjob, owned_by, rayjob_name
+from .run_reader import RunReader, RunUnavailable
 from .settings import Settings
 
 log = logging.getLogger("controller.reconcile")
@@ -35,15 +35,15 @@ class Context:
     """What every handler shares (kept in kopf's operator-wide memo)."""
 
     settings: Settings
-    cluster: Cluster
-    progress: ProgressReader | None
+    kube: KubeApi
+    runs: RunReader | None  # None without EMBEDJOB_DATABASE_URL: no progress to read
     job_states: JobStates
-    pools: PoolSweeper | None = None  # None without EMBEDJOB_DATABASE_URL: no pool leases to read
+    pool_sweeper: PoolSweeper | None = None  # None without EMBEDJOB_DATABASE_URL: no pool leases to read
 
     def pool_released(self, spec: dict[str, Any]) -> None:
         """A job on a shared cluster ended or went away: its pool may become idle."""
-        if self.pools is not None and spec.get("clusterSelector"):
-            self.pools.wake()
+        if self.pool_sweeper is not None and spec.get("clusterSelector"):
+            self.pool_sweeper.wake()
 
 
 def own_rayjob(candidates: Iterable[dict[str, Any]], job_uid: str) -> dict[str, Any] | None:
@@ -60,17 +60,17 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
         parsed = acceptance.parse(spec)
         if isinstance(parsed, Verdict):
             return parsed
-        secret = await ctx.cluster.read_secret(meta["namespace"], parsed.sink.database_secret_ref.name)
+        secret = await ctx.kube.read_secret(meta["namespace"], parsed.sink.database_secret_ref.name)
         verdict = acceptance.review(parsed, secret)
         if not verdict.accepted:
             return verdict
-        rayjob = await ctx.cluster.create_or_get_rayjob(build_rayjob(job, ctx.settings))
+        rayjob = await ctx.kube.create_or_get_rayjob(build_rayjob(job, parsed, ctx.settings))
         if not owned_by(rayjob, meta["uid"]):
             return Verdict(False, "RayJobConflict",
                            f"RayJob {rayjob['metadata']['name']!r} exists and is not owned by this job")
     suspend = bool(spec.get("suspend"))
     if bool((rayjob.get("spec") or {}).get("suspend")) != suspend:
-        await ctx.cluster.set_rayjob_suspend(meta["namespace"], rayjob["metadata"]["name"], suspend)
+        await ctx.kube.set_rayjob_suspend(meta["namespace"], rayjob["metadata"]["name"], suspend)
     return ACCEPTED
 
 
@@ -82,10 +82,10 @@ async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str
                   verdict: Verdict | None, ctx: Context) -> status.Observation:
     run, progress_error = None, None
     deployment = ((rayjob or {}).get("status") or {}).get("jobDeploymentStatus")
-    if ctx.progress is not None and deployment in PROGRESS_STATES and not status.is_final(current):
+    if ctx.runs is not None and deployment in PROGRESS_STATES and not status.is_final(current):
         try:
-            run = await asyncio.to_thread(ctx.progress.latest, job["metadata"]["uid"])
-        except ProgressUnavailable as exc:
+            run = await asyncio.to_thread(ctx.runs.latest, job["metadata"]["uid"])
+        except RunUnavailable as exc:
             progress_error = str(exc)
     return status.Observation(
         generation=job["metadata"].get("generation") or 0,
@@ -108,7 +108,7 @@ async def sync_status(job: dict[str, Any], current: dict[str, Any], obs: status.
     if not patch:
         return current, []
     meta = job["metadata"]
-    stored = await ctx.cluster.patch_job_status(meta["namespace"], meta["name"], patch)
+    stored = await ctx.kube.patch_job_status(meta["namespace"], meta["name"], patch)
     return stored, status.transitions(current, desired)
 
 
@@ -193,7 +193,7 @@ async def cleanup(job: dict[str, Any], ctx: Context) -> bool:
     ctx.pool_released(job["spec"])
     name = (job.get("status") or {}).get("rayJobName") or rayjob_name(meta["name"], meta["uid"])
     deadline = time.monotonic() + ctx.settings.cleanup_timeout_seconds
-    while not await ctx.cluster.delete_rayjob(meta["namespace"], name):
+    while not await ctx.kube.delete_rayjob(meta["namespace"], name):
         if time.monotonic() >= deadline:
             return False
         await asyncio.sleep(CLEANUP_POLL_SECONDS)

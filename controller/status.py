@@ -6,6 +6,9 @@ the conditions follow from it with the Kubernetes conventions: `lastTransitionTi
 changes only when a condition's status changes, `observedGeneration` is always set.
 Complete and Failed are final: later changes of the RayJob (its TTL, a deletion)
 do not reopen a finished job.
+
+The status is built through the status model (`embedjob.api_status`) and returned in
+its wire form, so it cannot hold a field the CRD does not declare.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from embedjob.api import JobState
+from embedjob.api import ApiModel, RunCounters
+from embedjob.api_status import Condition, EmbeddingJobStatus, JobState, Progress
 from embedjob.contract import EXIT_REASONS
 
 from .acceptance import ACCEPTED, Verdict
-from .progress import RunProgress
+from .run_reader import RunRow
 
 CONDITION_TYPES = ("Accepted", "Running", "Complete", "Failed", "Suspended")
 FINAL_STATES = (JobState.complete.value, JobState.failed.value)
@@ -45,7 +49,7 @@ class Observation:
     suspend: bool
     verdict: Verdict | None  # this operator's latest review; None: none since it started
     rayjob: dict[str, Any] | None  # the job's own RayJob (metadata, spec, status)
-    run: RunProgress | None  # the driver's latest run row
+    run: RunRow | None  # the driver's latest run row
     progress_error: str | None  # why the run row could not be read
     now: str  # RFC 3339, UTC
 
@@ -69,29 +73,34 @@ def _short(text: str | None, limit: int = MAX_MESSAGE) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _wire(model: ApiModel) -> dict[str, Any]:
+    """A model as the API server stores it: camelCase, unset fields left out."""
+    return model.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def _stored(status: dict[str, Any], field: str) -> Any:
+    """A top-level field of a stored status (wire form), by its name in the status model."""
+    return status.get(EmbeddingJobStatus.model_fields[field].alias)
+
+
 def find_condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
+    return next((c for c in _stored(status, "conditions") or [] if c.get("type") == type_), None)
 
 
-def progress_of(run: RunProgress) -> dict[str, Any]:
+def _summary(run: RunRow) -> str:
     done, total = run.batches_succeeded, run.batches_total
-    summary = f"{done}/{total} batches" if total is not None else f"{done} batches"
-    if run.batches_failed:
-        summary += f", {run.batches_failed} failed"
-    progress = {
-        "batchesSucceeded": done,
-        "batchesFailed": run.batches_failed,
-        "recordsEmbedded": run.records_embedded,
-        "recordsFailed": run.records_failed,
-        "textsPerSecond": round(run.texts_per_second, 1),
-        "summary": summary,
-    }
-    if total is not None:
-        progress["batchesTotal"] = total
-    return progress
+    text = f"{done}/{total} batches" if total is not None else f"{done} batches"
+    return text + (f", {run.batches_failed} failed" if run.batches_failed else "")
 
 
-def failure(rayjob_status: dict[str, Any], run: RunProgress | None) -> tuple[str, str]:
+def progress_of(run: RunRow) -> dict[str, Any]:
+    """`status.progress`: the run's counters (texts/s to one decimal) and a summary."""
+    counters = run.model_dump(include=set(RunCounters.model_fields))
+    counters["texts_per_second"] = round(run.texts_per_second, 1)
+    return _wire(Progress(**counters, summary=_summary(run)))
+
+
+def failure(rayjob_status: dict[str, Any], run: RunRow | None) -> tuple[str, str]:
     """The most specific reason a finished RayJob did not succeed, and a message."""
     message = _short(rayjob_status.get("message"))
     if run is not None and run.state == "failed" and run.reason:
@@ -111,7 +120,7 @@ def _running_message(obs: Observation) -> str:
         return _short(f"progress unavailable: {obs.progress_error}")
     if obs.run is None:
         return "the driver has not reported progress yet"
-    return f"{progress_of(obs.run)['summary']}, {obs.run.texts_per_second:.1f} texts/s"
+    return f"{_summary(obs.run)}, {obs.run.texts_per_second:.1f} texts/s"
 
 
 def _known_verdict(current: dict[str, Any], obs: Observation) -> Verdict | None:
@@ -126,9 +135,10 @@ def _known_verdict(current: dict[str, Any], obs: Observation) -> Verdict | None:
 
 
 def phase(current: dict[str, Any], obs: Observation) -> Phase:
-    if current.get("state") in FINAL_STATES:
-        final = find_condition(current, current["state"]) or {}
-        return Phase(current["state"], current.get("reason", ""), final.get("message", ""))
+    if is_final(current):
+        state = _stored(current, "state")
+        final = find_condition(current, state) or {}
+        return Phase(state, _stored(current, "reason") or "", final.get("message", ""))
     if obs.rayjob is None:
         verdict = _known_verdict(current, obs)
         if verdict is not None and not verdict.accepted:
@@ -141,8 +151,8 @@ def phase(current: dict[str, Any], obs: Observation) -> Phase:
         return Phase(JobState.failed.value, "RayJobValidationFailed", _short(status.get("message")))
     if deployment in ("Complete", "Failed"):
         if deployment == "Complete" and job_status == "SUCCEEDED" and not (obs.run and obs.run.state == "failed"):
-            summary = progress_of(obs.run)["summary"] if obs.run else "the driver finished"
-            return Phase(JobState.complete.value, "Succeeded", summary)
+            message = _summary(obs.run) if obs.run else "the driver finished"
+            return Phase(JobState.complete.value, "Succeeded", message)
         return Phase(JobState.failed.value, *failure(status, obs.run))
     if deployment in ("Suspending", "Suspended") or (obs.suspend and deployment in ("", "New")):
         return Phase(JobState.suspended.value, deployment or "Suspended", "spec.suspend is true")
@@ -154,20 +164,20 @@ def phase(current: dict[str, Any], obs: Observation) -> Phase:
 
 
 def _condition(current: dict[str, Any], type_: str, status: str, reason: str, message: str,
-               generation: int, now: str) -> dict[str, Any]:
+               generation: int, now: str) -> Condition:
     old = find_condition(current, type_)
     changed = old is None or old.get("status") != status
-    return {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": _short(message),
-        "lastTransitionTime": now if changed else old["lastTransitionTime"],
-        "observedGeneration": generation,
-    }
+    return Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=_short(message),
+        last_transition_time=now if changed else Condition.model_validate(old).last_transition_time,
+        observed_generation=generation,
+    )
 
 
-def _conditions(current: dict[str, Any], ph: Phase, verdict: Verdict | None, obs: Observation) -> list[dict]:
+def _conditions(current: dict[str, Any], ph: Phase, verdict: Verdict | None, obs: Observation) -> list[Condition]:
     if verdict is None:
         accepted = ("Unknown", "Reviewing", "the operator is reviewing the job")
     else:
@@ -182,47 +192,47 @@ def _conditions(current: dict[str, Any], ph: Phase, verdict: Verdict | None, obs
     return conditions
 
 
-# status field <- RayJob status field
+# status field (the model's name) <- RayJob status field
 MIRRORED = {
-    "rayClusterName": "rayClusterName",
-    "jobDeploymentStatus": "jobDeploymentStatus",
-    "jobStatus": "jobStatus",
-    "rayJobReason": "reason",
-    "rayJobMessage": "message",
-    "dashboardURL": "dashboardURL",
+    "ray_cluster_name": "rayClusterName",
+    "job_deployment_status": "jobDeploymentStatus",
+    "job_status": "jobStatus",
+    "ray_job_reason": "reason",
+    "ray_job_message": "message",
+    "dashboard_url": "dashboardURL",
 }
 
 
 def _mirror(current: dict[str, Any], rayjob: dict[str, Any] | None) -> dict[str, Any]:
     """The RayJob's status as it is; what was mirrored last while there is no RayJob."""
     if rayjob is None:
-        return {field: current.get(field) for field in ("rayJobName", *MIRRORED)}
+        return {field: _stored(current, field) for field in ("ray_job_name", *MIRRORED)}
     status = rayjob.get("status") or {}
     mirror = {ours: status.get(theirs) or None for ours, theirs in MIRRORED.items()}
-    mirror["rayJobMessage"] = _short(mirror["rayJobMessage"], MAX_MIRRORED_MESSAGE) or None
-    return {"rayJobName": rayjob["metadata"]["name"], **mirror}
+    mirror["ray_job_message"] = _short(mirror["ray_job_message"], MAX_MIRRORED_MESSAGE) or None
+    return {"ray_job_name": rayjob["metadata"]["name"], **mirror}
 
 
 def desired_status(current: dict[str, Any], obs: Observation) -> dict[str, Any] | None:
-    """The whole status the job should have; None while nothing is known about it yet."""
+    """The whole status the job should have (wire form); None while nothing is known about it yet."""
     verdict = _known_verdict(current, obs)
     if verdict is None and not current:
         return None
     ph = phase(current, obs)
     mirrored = (obs.rayjob or {}).get("status") or {}
-    desired: dict[str, Any] = {
-        "observedGeneration": obs.generation,
-        "state": ph.state,
-        "reason": ph.reason,
-        "conditions": _conditions(current, ph, verdict, obs),
+    desired = EmbeddingJobStatus(
+        observed_generation=obs.generation,
+        state=ph.state,
+        reason=ph.reason,
+        conditions=_conditions(current, ph, verdict, obs),
         **_mirror(current, obs.rayjob),
-        "progress": progress_of(obs.run) if obs.run else current.get("progress"),
-        "startTime": current.get("startTime") or mirrored.get("startTime")
+        progress=progress_of(obs.run) if obs.run else _stored(current, "progress"),
+        start_time=_stored(current, "start_time") or mirrored.get("startTime")
         or (obs.now if ph.state == JobState.running.value else None),
-        "completionTime": current.get("completionTime")
+        completion_time=_stored(current, "completion_time")
         or ((mirrored.get("endTime") or obs.now) if ph.state in FINAL_STATES else None),
-    }
-    return {key: value for key, value in desired.items() if value is not None}
+    )
+    return _wire(desired)
 
 
 def status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
@@ -244,4 +254,4 @@ def transitions(current: dict[str, Any], desired: dict[str, Any]) -> list[Transi
 
 
 def is_final(status: dict[str, Any]) -> bool:
-    return status.get("state") in FINAL_STATES
+    return _stored(status, "state") in FINAL_STATES

@@ -1,8 +1,10 @@
-"""The EmbeddingJob API (embedjob.dev/v1alpha1): the one source of the CRD schema.
+"""The EmbeddingJob API model the operator and the driver share: the spec and a run's counters.
 
-The controller validates and maps these models to a RayJob; the driver parses the
-same models from the job config it is given. Field names are camelCase on the wire
-(Kubernetes convention) and snake_case in Python.
+`EmbeddingJobSpec` is the one source of the CRD's spec schema; the controller validates
+and maps it to a RayJob and the driver parses the same model from the job config it is
+given. `RunCounters` is what the driver counts in its run row and the operator shows as
+`status.progress` (the status model is `embedjob.api_status`). Field names are camelCase
+on the wire (Kubernetes convention) and snake_case in Python.
 
 CEL rules (`x-kubernetes-validations`) sit next to the fields they constrain so that
 `kubectl apply` rejects malformed manifests with a field-specific message.
@@ -10,12 +12,9 @@ CEL rules (`x-kubernetes-validations`) sit next to the fields they constrain so 
 
 from __future__ import annotations
 
-import json
 from enum import Enum
-from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
@@ -295,50 +294,6 @@ class SpecError(ValueError):
         return cls(problems)
 
 
-def load_manifest(path: str | Path) -> dict[str, Any]:
-    """Read an EmbeddingJob manifest (YAML or JSON) and check its apiVersion/kind."""
-    text = Path(path).read_text()
-    try:
-        manifest = yaml.safe_load(text) if not str(path).endswith(".json") else json.loads(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise SpecError([(str(path), f"not valid YAML/JSON: {exc}")]) from None
-    if not isinstance(manifest, dict):
-        raise SpecError([(str(path), "expected a single EmbeddingJob object")])
-    problems = []
-    if manifest.get("apiVersion") != API_VERSION:
-        problems.append(("apiVersion", f"must be {API_VERSION}, got {manifest.get('apiVersion')!r}"))
-    if manifest.get("kind") != KIND:
-        problems.append(("kind", f"must be {KIND}, got {manifest.get('kind')!r}"))
-    if not isinstance(manifest.get("metadata"), dict) or not manifest["metadata"].get("name"):
-        problems.append(("metadata.name", "is required"))
-    if not isinstance(manifest.get("spec"), dict):
-        problems.append(("spec", "is required"))
-    if problems:
-        raise SpecError(problems)
-    return manifest
-
-
-class Condition(ApiModel):
-    """A Kubernetes-convention condition (metav1.Condition)."""
-
-    type: str = Field(max_length=316)
-    status: str = Field(json_schema_extra={"enum": ["True", "False", "Unknown"]})
-    reason: str = Field(max_length=1024)
-    message: str = Field("", max_length=32768)
-    last_transition_time: str = Field(json_schema_extra={"format": "date-time"})
-    observed_generation: int | None = Field(None, ge=0)
-
-
-class JobState(str, Enum):
-    """One-word summary of the conditions, for printer columns and humans."""
-
-    pending = "Pending"
-    running = "Running"
-    suspended = "Suspended"
-    complete = "Complete"
-    failed = "Failed"
-
-
 class RunCounters(ApiModel):
     """A run's counters, one definition: the driver writes them into the run row
     (`embedjob_runs`, snake_case columns), the operator shows them as `status.progress`."""
@@ -350,30 +305,3 @@ class RunCounters(ApiModel):
     records_embedded: int = Field(0, ge=0)
     records_failed: int = Field(0, ge=0)
     texts_per_second: float = Field(0, ge=0)
-
-
-class Progress(RunCounters):
-    summary: str | None = Field(None, max_length=64, description="e.g. 120/400 batches, for printer columns.")
-
-
-class EmbeddingJobStatus(ApiModel):
-    observed_generation: int | None = Field(None, ge=0)
-    state: JobState | None = None
-    reason: str | None = Field(
-        None, max_length=1024, description="Reason of the condition behind `state`, e.g. SecretNotFound."
-    )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        max_length=16,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    ray_job_name: str | None = None
-    ray_cluster_name: str | None = None
-    job_deployment_status: str | None = Field(None, description="Mirrored RayJob status.jobDeploymentStatus.")
-    job_status: str | None = Field(None, description="Mirrored RayJob status.jobStatus.")
-    ray_job_reason: str | None = Field(None, max_length=1024, description="Mirrored RayJob status.reason.")
-    ray_job_message: str | None = Field(None, max_length=32768, description="Mirrored RayJob status.message.")
-    dashboard_url: str | None = Field(None, alias="dashboardURL")
-    progress: Progress | None = None
-    start_time: str | None = Field(None, json_schema_extra={"format": "date-time"})
-    completion_time: str | None = Field(None, json_schema_extra={"format": "date-time"})

@@ -50,6 +50,8 @@ runs = sa.Table(
     sa.Column("input_fingerprint", sa.String(64), nullable=False),
     sa.Column("config_fingerprint", sa.String(64), nullable=False),
     sa.Column("state", sa.String(16), nullable=False),  # running | succeeded | failed
+    # The run's counters: one column per field of api.RunCounters (tests/test_db.py checks),
+    # nullable where the field may be unknown.
     sa.Column("batches_total", sa.Integer),  # known once the input has been read through
     sa.Column("batches_succeeded", sa.Integer, nullable=False, server_default="0"),
     sa.Column("batches_failed", sa.Integer, nullable=False, server_default="0"),

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.pools import DashboardError, RayJobsClient
+from controller.ray_jobs_client import DashboardError, RayJobsClient
 from embedjob.contract import encode_job_config
 from operator_fixtures import REPO, free_port, ray_head_command, wait_until
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from embedjob import api, crd
+from embedjob import api, crd, manifest
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_FILE = REPO / "crds" / "embeddingjobs.embedjob.dev.yaml"
@@ -64,5 +64,5 @@ def test_manifest_loader_names_apiversion_and_kind(tmp_path):
     bad = tmp_path / "job.yaml"
     bad.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\nspec: {}\n")
     with pytest.raises(api.SpecError) as info:
-        api.load_manifest(bad)
+        manifest.load_manifest(bad)
     assert "apiVersion" in str(info.value) and "kind" in str(info.value)

@@ -8,7 +8,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from controller.progress import ProgressReader, ProgressUnavailable
+from controller.run_reader import RunReader, RunUnavailable
 from embedjob.db import engine_url
 from embedjob.db import migrate, runs
 from operator_fixtures import free_port
@@ -36,7 +36,7 @@ def test_reads_the_newest_run_of_the_job(database_url):
         ):
             conn.execute(runs.insert().values(**row))
     engine.dispose()
-    reader = ProgressReader(database_url)
+    reader = RunReader(database_url)
     try:
         run = reader.latest("uid-1")
         assert (run.state, run.batches_total, run.batches_succeeded, run.batches_failed) == ("running", 400, 120, 2)
@@ -47,7 +47,7 @@ def test_reads_the_newest_run_of_the_job(database_url):
 
 
 def test_before_the_first_migration_there_is_no_progress(database_url):
-    reader = ProgressReader(database_url)
+    reader = RunReader(database_url)
     try:
         assert reader.latest("uid-1") is None
     finally:
@@ -55,9 +55,9 @@ def test_before_the_first_migration_there_is_no_progress(database_url):
 
 
 def test_database_outage_is_reported_without_credentials():
-    reader = ProgressReader(f"postgresql://reader:s3cret-pw@127.0.0.1:{free_port()}/embed")  # nobody listens there
+    reader = RunReader(f"postgresql://reader:s3cret-pw@127.0.0.1:{free_port()}/embed")  # nobody listens there
     try:
-        with pytest.raises(ProgressUnavailable) as info:
+        with pytest.raises(RunUnavailable) as info:
             reader.latest("uid-1")
     finally:
         reader.close()

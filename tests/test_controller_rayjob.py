@@ -34,6 +34,10 @@ def job(name: str = "pep", uid: str = "0b5c6d3e-1111-2222-3333-444455556666", **
     }
 
 
+def rayjob_of(job: dict) -> dict:
+    return build_rayjob(job, api.parse_spec(job["spec"]), SETTINGS)
+
+
 @pytest.mark.parametrize("name", ["pep", "a" * 63, "my.job.v2", "x-" * 31 + "y", "9lives", "UPPER.case"])
 def test_rayjob_name_is_a_short_dns_label(name):
     out = rayjob_name(name, "uid-1")
@@ -43,7 +47,7 @@ def test_rayjob_name_is_a_short_dns_label(name):
 
 
 def test_manifest_ties_back_to_the_job():
-    manifest = build_rayjob(job(), SETTINGS)
+    manifest = rayjob_of(job())
     meta = manifest["metadata"]
     assert manifest["apiVersion"] == "ray.io/v1" and manifest["kind"] == "RayJob"
     assert meta["namespace"] == "team-a" and meta["name"] == rayjob_name("pep", job()["metadata"]["uid"])
@@ -60,7 +64,7 @@ def test_manifest_ties_back_to_the_job():
 
 
 def test_entrypoint_runs_the_driver_with_the_job_config_and_no_credentials():
-    manifest = build_rayjob(job(), SETTINGS)
+    manifest = rayjob_of(job())
     words = manifest["spec"]["entrypoint"].split()
     assert words[:4] == ["python", "-m", "embedjob_worker.driver", "--config-b64"] and len(words) == 5
     config = decode_job_config(words[4])
@@ -70,7 +74,7 @@ def test_entrypoint_runs_the_driver_with_the_job_config_and_no_credentials():
 
 
 def test_database_url_comes_only_from_the_secret():
-    manifest = build_rayjob(job(sink={"databaseSecretRef": {"name": "pg", "key": "dsn"}}), SETTINGS)
+    manifest = rayjob_of(job(sink={"databaseSecretRef": {"name": "pg", "key": "dsn"}}))
     cluster = manifest["spec"]["rayClusterSpec"]
     containers = [cluster["headGroupSpec"]["template"]["spec"]["containers"][0]] + [
         g["template"]["spec"]["containers"][0] for g in cluster["workerGroupSpecs"]
@@ -83,7 +87,7 @@ def test_database_url_comes_only_from_the_secret():
 
 
 def test_cluster_spec_defaults():
-    spec = build_rayjob(job(), SETTINGS)["spec"]
+    spec = rayjob_of(job())["spec"]
     assert spec["shutdownAfterJobFinishes"] is True and spec["suspend"] is False and spec["backoffLimit"] == 0
     assert spec["submissionMode"] == "K8sJobMode"
     assert "clusterSelector" not in spec and "activeDeadlineSeconds" not in spec
@@ -98,10 +102,10 @@ def test_cluster_spec_defaults():
 
 
 def test_spec_fields_are_mapped():
-    spec = build_rayjob(job(
+    spec = rayjob_of(job(
         workers={"replicas": 3, "cpusPerActor": 2, "gpusPerActor": 1, "memory": "6Gi", "image": "mine:2"},
         retry={"backoffLimit": 2}, activeDeadlineSeconds=3600, ttlSecondsAfterFinished=60, suspend=True,
-    ), SETTINGS)["spec"]
+    ))["spec"]
     assert spec["backoffLimit"] == 2 and spec["activeDeadlineSeconds"] == 3600
     assert spec["ttlSecondsAfterFinished"] == 60 and spec["suspend"] is True
     group = spec["rayClusterSpec"]["workerGroupSpecs"][0]
@@ -115,7 +119,7 @@ def test_spec_fields_are_mapped():
 
 
 def test_cluster_selector_runs_on_an_existing_cluster():
-    spec = build_rayjob(job(clusterSelector={"ray.io/cluster": "shared"}, ttlSecondsAfterFinished=None), SETTINGS)["spec"]
+    spec = rayjob_of(job(clusterSelector={"ray.io/cluster": "shared"}, ttlSecondsAfterFinished=None))["spec"]
     assert spec["clusterSelector"] == {"ray.io/cluster": "shared"}
     assert spec["shutdownAfterJobFinishes"] is False
     assert "rayClusterSpec" not in spec and "ttlSecondsAfterFinished" not in spec
@@ -139,6 +143,6 @@ def test_worker_layout(replicas, gpus, cpus, pods, per_pod, cpu_per_pod, gpu_per
 
 
 def test_fractional_cpus_become_millicores():
-    container = build_rayjob(job(workers={"cpusPerActor": 0.25, "gpusPerActor": 0.5, "replicas": 2}), SETTINGS)[
+    container = rayjob_of(job(workers={"cpusPerActor": 0.25, "gpusPerActor": 0.5, "replicas": 2}))[
         "spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
     assert container["resources"]["requests"]["cpu"] == "500m"

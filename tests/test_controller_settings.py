@@ -72,7 +72,7 @@ def test_permissions_cli_prints_the_document():
 
 def test_controller_never_imports_ray_torch_or_sentence_transformers():
     code = (
-        "import sys, controller.__main__, controller.handlers, controller.reconcile, controller.progress\n"
+        "import sys, controller.__main__, controller.handlers, controller.reconcile, controller.run_reader\n"
         "heavy = sorted(m for m in ('ray', 'torch', 'sentence_transformers', 'embedjob_worker') if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )

@@ -8,7 +8,7 @@ import pytest
 
 from controller import acceptance, status
 from controller.acceptance import ACCEPTED, Verdict
-from controller.progress import RunProgress
+from controller.run_reader import RunRow
 from embedjob import api
 from operator_fixtures import MINIMAL_SPEC, merged
 
@@ -66,8 +66,8 @@ def rayjob(deployment: str = "", job_status: str = "", **status_fields) -> dict:
             "status": {k: v for k, v in st.items() if v}}
 
 
-def run(state="running", total=400, done=120, failed=0, reason=None, error=None) -> RunProgress:
-    return RunProgress(state=state, reason=reason, error=error, batches_total=total, batches_succeeded=done,
+def run(state="running", total=400, done=120, failed=0, reason=None, error=None) -> RunRow:
+    return RunRow(state=state, reason=reason, error=error, batches_total=total, batches_succeeded=done,
                        batches_failed=failed, records_embedded=done * 64, records_failed=0,
                        texts_per_second=55.26, heartbeat_at=None)
 

@@ -1,8 +1,10 @@
 """The shared schema's migrations against a real PostgreSQL with pgvector."""
 
+import typing
+
 import sqlalchemy as sa
 
-from embedjob import db
+from embedjob import api, db
 
 
 def test_migrations_create_the_bookkeeping_tables_idempotently(database_url):
@@ -24,3 +26,13 @@ def test_migrations_create_the_bookkeeping_tables_idempotently(database_url):
         nearest = conn.execute(sa.text("SELECT record_id FROM embeddings ORDER BY embedding <=> '[1,0,0]' LIMIT 1"))
         assert nearest.scalar_one() == "r"
     engine.dispose()
+
+
+def test_the_run_counters_are_the_numeric_columns_of_embedjob_runs():
+    """`api.RunCounters` is the one definition of a run's counters: the run row's columns follow it."""
+    numeric = {c.name: c for c in db.runs.columns if isinstance(c.type, (sa.Integer, sa.Float))}
+    assert set(numeric) == set(api.RunCounters.model_fields)
+    for name, field in api.RunCounters.model_fields.items():
+        python_types = {t for t in typing.get_args(field.annotation) or (field.annotation,) if t is not type(None)}
+        assert python_types == {numeric[name].type.python_type}, name
+        assert numeric[name].nullable == (field.default is None), name

@@ -159,10 +159,11 @@ def quickstart_rayjob(operator_env: dict[str, str]) -> dict:
     """The RayJob the operator, configured by ``operator_env``, makes of examples/quickstart.yaml."""
     from controller.rayjob import build_rayjob
     from controller.settings import Settings
+    from embedjob.api import parse_spec
 
     job = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
     job["metadata"].update(namespace="default", uid="0b6a3c52-1f7e-4d1a-9a57-5f1f0e6c2d11")
-    return build_rayjob(job, Settings.from_env(operator_env))
+    return build_rayjob(job, parse_spec(job["spec"]), Settings.from_env(operator_env))
 
 
 def test_driver_accepts_the_entrypoint_the_operator_puts_into_rayjobs():

@@ -9,6 +9,7 @@ import pytest
 
 from controller.rayjob import build_rayjob, rayjob_name
 from controller.settings import Settings
+from embedjob.api import parse_spec
 from operator_fixtures import (
     apply_job,
     condition,
@@ -189,9 +190,9 @@ def test_an_existing_rayjob_of_that_name_is_adopted_only_when_owned(kube, namesp
     # `mine` (a create whose answer was lost), without the labels that would put them in
     # the operator's watch index -- so its creates meet 409 Conflict.
     for job in (mine, theirs):
-        manifest = build_rayjob(job, Settings.from_env({}))
-        manifest["metadata"]["ownerReferences"] = build_rayjob(mine, Settings.from_env({}))["metadata"][
-            "ownerReferences"]
+        manifest = build_rayjob(job, parse_spec(job["spec"]), Settings.from_env({}))
+        manifest["metadata"]["ownerReferences"] = build_rayjob(
+            mine, parse_spec(mine["spec"]), Settings.from_env({}))["metadata"]["ownerReferences"]
         del manifest["metadata"]["labels"]
         kube.kubectl("create", "-f", "-", input=json.dumps(manifest))
 

@@ -11,16 +11,9 @@ import uuid
 
 import pytest
 
-from controller.pools import (
-    HEARTBEAT_EXPIRED,
-    IDLE,
-    JOB_DELETED,
-    Lease,
-    auth_secret_name,
-    dashboard_url,
-    removal_entrypoint,
-    removal_reason,
-)
+from controller.pool_policy import HEARTBEAT_EXPIRED, IDLE, JOB_DELETED, Lease, removal_reason
+from controller.ray_jobs_client import auth_secret_name, dashboard_url
+from embedjob.contract import pool_removal_command
 from embedjob_worker.model import ResolvedModel
 from embedjob_worker.pools import pool_actor_name, pool_name
 from pg_fixtures import query
@@ -57,7 +50,7 @@ def test_dashboard_address_and_token_secret_come_from_the_raycluster():
     named = {**bare, "spec": {"authOptions": {"mode": "token", "secretName": "ray-token"}}}
     assert auth_secret_name(named) == "ray-token"
     assert auth_secret_name({**bare, "spec": {"authOptions": {"mode": "disabled"}}}) is None
-    assert removal_entrypoint("pool-0123456789abcdef") == \
+    assert pool_removal_command("pool-0123456789abcdef") == \
         "python -m embedjob_worker.pools remove --pool pool-0123456789abcdef"
 
 
@@ -138,6 +131,6 @@ def test_jobs_with_the_same_model_share_one_pool_and_another_revision_gets_its_o
     # The operator's removal entrypoint, run on the cluster through the Jobs API, kills a
     # pool's actors (and gives the session's cluster its CPUs back).
     for pool in (pools["first"], pools["other"]):
-        output = token_ray.client().run(removal_entrypoint(pool), f"remove-{uuid.uuid4().hex[:6]}", timeout_s=120)
+        output = token_ray.client().run(pool_removal_command(pool), f"remove-{uuid.uuid4().hex[:6]}", timeout_s=120)
         assert pool_actor_name(pool, 0) in output
         assert [a["state"] for a in token_ray.actors(pool_actor_name(pool, 0))] == ["DEAD"]

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embedjob.api import API_VERSION, KIND, EmbeddingJobSpec, SpecError, load_manifest, parse_spec
+from embedjob.api import EmbeddingJobSpec, parse_spec
+from embedjob.manifest import check_envelope, load_manifest
 
 
 @dataclass(frozen=True)
@@ -27,19 +28,7 @@ class JobConfig:
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], base_dir: Path | None = None) -> "JobConfig":
-        problems = []
-        if manifest.get("apiVersion") != API_VERSION:
-            problems.append(("apiVersion", f"must be {API_VERSION}, got {manifest.get('apiVersion')!r}"))
-        if manifest.get("kind") != KIND:
-            problems.append(("kind", f"must be {KIND}, got {manifest.get('kind')!r}"))
-        metadata = manifest.get("metadata")
-        if not isinstance(metadata, dict) or not metadata.get("name"):
-            problems.append(("metadata.name", "is required"))
-            metadata = {}
-        if not isinstance(manifest.get("spec"), dict):
-            problems.append(("spec", "is required"))
-        if problems:
-            raise SpecError(problems)
+        metadata = check_envelope(manifest)["metadata"]
         return cls(
             name=str(metadata["name"]),
             namespace=str(metadata.get("namespace") or "default"),

@@ -1,4 +1,4 @@
-"""Reads a job's progress from the driver's `embedjob_runs` table (read-only).
+"""Reads a job's newest run row from the driver's `embedjob_runs` table (read-only).
 
 A small pool with connect and statement timeouts: a slow or absent database delays
 a status update by seconds at most and is reported as "progress unavailable"; it never
@@ -8,10 +8,11 @@ fails a job by itself.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
 
 import sqlalchemy as sa
+from pydantic import ConfigDict
 
+from embedjob.api import RunCounters
 from embedjob.db import engine_url, runs
 
 CONNECT_TIMEOUT_SECONDS = 5
@@ -19,27 +20,26 @@ STATEMENT_TIMEOUT_MS = 5000
 UNDEFINED_TABLE = "42P01"  # before the driver's first migration
 
 
-@dataclass(frozen=True)
-class RunProgress:
-    """The counters of one driver run (a row of embedjob_runs)."""
+class RunRow(RunCounters):
+    """One driver run as the operator reads it: the run's counters, its state and why it failed."""
+
+    model_config = ConfigDict(frozen=True)
 
     state: str  # running | succeeded | failed
-    reason: str | None
-    error: str | None
-    batches_total: int | None
-    batches_succeeded: int
-    batches_failed: int
-    records_embedded: int
-    records_failed: int
-    texts_per_second: float
-    heartbeat_at: dt.datetime | None
+    reason: str | None = None
+    error: str | None = None
+    heartbeat_at: dt.datetime | None = None
 
 
-class ProgressUnavailable(Exception):
+# The columns of a RunRow, by field name (a field without a column fails here, at import).
+_RUN_COLUMNS = [runs.c[name] for name in RunRow.model_fields]
+
+
+class RunUnavailable(Exception):
     """The database could not be read; the message is safe to show (no credentials)."""
 
 
-class ProgressReader:
+class RunReader:
     def __init__(self, url: str, pool_size: int = 2):
         self._url = engine_url(url)
         self._engine = sa.create_engine(
@@ -56,32 +56,19 @@ class ProgressReader:
             },
         )
 
-    def latest(self, job_key: str) -> RunProgress | None:
+    def latest(self, job_key: str) -> RunRow | None:
         """The newest run of the job, None before the driver started one."""
-        query = sa.select(runs).where(runs.c.job_key == job_key).order_by(runs.c.started_at.desc()).limit(1)
+        query = sa.select(*_RUN_COLUMNS).where(runs.c.job_key == job_key).order_by(runs.c.started_at.desc()).limit(1)
         try:
             with self._engine.connect() as conn:
                 row = conn.execute(query).mappings().first()
         except sa.exc.DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) == UNDEFINED_TABLE:
                 return None
-            raise ProgressUnavailable(self._describe(exc)) from None
+            raise RunUnavailable(self._describe(exc)) from None
         except sa.exc.SQLAlchemyError as exc:
-            raise ProgressUnavailable(self._describe(exc)) from None
-        if row is None:
-            return None
-        return RunProgress(
-            state=row["state"],
-            reason=row["reason"],
-            error=row["error"],
-            batches_total=row["batches_total"],
-            batches_succeeded=row["batches_succeeded"],
-            batches_failed=row["batches_failed"],
-            records_embedded=row["records_embedded"],
-            records_failed=row["records_failed"],
-            texts_per_second=row["texts_per_second"],
-            heartbeat_at=row["heartbeat_at"],
-        )
+            raise RunUnavailable(self._describe(exc)) from None
+        return None if row is None else RunRow.model_validate(dict(row))
 
     def _describe(self, exc: Exception) -> str:
         cause = getattr(exc, "orig", None) or exc
