@@ -7,4 +7,4 @@ import os
 # by the Ray heads and drivers the tests start as subprocesses).
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
-pytest_plugins = ["pg_fixtures", "envtest.plugin", "operator_fixtures", "pool_fixtures"]
+pytest_plugins = ["plugins.postgres", "plugins.ray_heads", "envtest.plugin", "plugins.operator_process", "plugins.standin"]

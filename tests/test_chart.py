@@ -7,32 +7,32 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-from envtest.plugin import find_binaries
-from operator_fixtures import (
-    OperatorProcess,
-    RayJobRunner,
-    apply_job,
-    create_database_secret,
-    free_port,
-    get_json,
-    rayjobs,
-    wait_for_condition,
-    wait_until,
+from plugins.operator_process import OperatorProcess
+from plugins.standin import RayJobRunner
+from support.chart import (
+    RELEASE,
+    RELEASE_NAMESPACE,
+    assert_refused,
+    by_kind,
+    container_env,
+    helm,
+    render_chart,
+    the,
+    values_args,
 )
-from pg_fixtures import query
-from test_images import pinned_ray_version, pyproject, quickstart_rayjob
-
-REPO = Path(__file__).resolve().parent.parent
-CHART = REPO / "charts" / "embedjob-operator"
-RELEASE = "embedjob-operator"
-RELEASE_NAMESPACE = "embedjob-system"
+from support.kubectl import apply_job, create_database_secret, get_json, rayjobs, wait_for_condition
+from support.manifests import quickstart_rayjob
+from support.net import free_port
+from support.paths import CHART, REPO
+from support.polling import wait_until
+from support.project import pinned_ray_version, pyproject
+from support.sql import query
 
 #: values that switch on every optional part (helm template only: no ServiceMonitor CRD in envtest)
 NON_DEFAULT_VALUES = {
@@ -50,49 +50,6 @@ NON_DEFAULT_VALUES = {
     "extraEnv": [{"name": "EMBEDJOB_EXTRA", "value": "1"}],
     "logFormat": "plain",
 }
-
-
-# ------------------------------------------------------------------ helpers
-
-
-def helm(*args: str, check: bool = True, kubeconfig: str | None = None) -> subprocess.CompletedProcess:
-    cmd = [find_binaries().helm, *args]
-    if kubeconfig:
-        cmd.append(f"--kubeconfig={kubeconfig}")
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if check and res.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stderr}{res.stdout}")
-    return res
-
-
-def values_args(values: dict | None) -> list[str]:
-    """``--values FILE`` for a values dict (the file lives until the process exits)."""
-    if not values:
-        return []
-    file = tempfile.NamedTemporaryFile("w", prefix="embedjob-values-", suffix=".yaml", delete=False)
-    with file:
-        yaml.safe_dump(values, file)
-    return ["--values", file.name]
-
-
-def render_chart(values: dict | None = None, namespace: str = RELEASE_NAMESPACE) -> list[dict]:
-    """The objects ``helm template`` renders (CRDs excluded)."""
-    out = helm("template", RELEASE, str(CHART), "--namespace", namespace, *values_args(values)).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
-
-
-def by_kind(objects: list[dict], kind: str) -> list[dict]:
-    return [o for o in objects if o["kind"] == kind]
-
-
-def the(objects: list[dict], kind: str) -> dict:
-    (obj,) = by_kind(objects, kind)
-    return obj
-
-
-def container_env(objects: list[dict]) -> dict[str, dict]:
-    (container,) = the(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
-    return {e["name"]: e for e in container["env"]}
 
 
 # ------------------------------------------------------------ chart contents
@@ -262,12 +219,6 @@ def test_rayjobs_run_the_chart_worker_image_with_its_ray_version():
 )
 def test_invalid_values_are_refused_by_the_schema(values, message):
     assert_refused(helm("template", RELEASE, str(CHART), *values_args(values), check=False), message)
-
-
-def assert_refused(res: subprocess.CompletedProcess, message: str) -> None:
-    assert res.returncode != 0, f"{res.args} succeeded"
-    assert "values don't meet the specifications of the schema" in res.stderr, res.stderr
-    assert message in res.stderr, res.stderr
 
 
 # ---------------------------------------------------------------------- RBAC

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from embedjob.contract import encode_job_config
-from envtest.plugin import free_port
+from support.net import free_port
 from embedjob_worker.logs import SecretMaskingFilter, mask_url
 
 REPO = Path(__file__).resolve().parents[1]

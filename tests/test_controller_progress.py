@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from controller.progress import ProgressReader, ProgressUnavailable
 from embedjob.db import engine_url
 from embedjob.db import migrate, runs
-from operator_fixtures import free_port
+from support.net import free_port
 
 
 def _run_row(job_key: str, started_at: dt.datetime, **counters) -> dict:

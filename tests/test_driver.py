@@ -15,8 +15,9 @@ import pytest
 import ray
 import sqlalchemy as sa
 
-from operator_fixtures import free_port, wait_until
-from pg_fixtures import query
+from support.net import free_port
+from support.polling import wait_until
+from support.sql import query
 from embedjob.contract import encode_job_config
 from embedjob_worker.config import JobConfig
 from embedjob_worker.driver import DriverOptions, run_job, worker_actor_name

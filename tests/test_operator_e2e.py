@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from operator_fixtures import (
-    REPO,
-    RayJobRunner,
+from plugins.standin import RayJobRunner
+from support.kubectl import (
     apply_job,
     condition,
     create_database_secret,
@@ -22,8 +21,9 @@ from operator_fixtures import (
     get_json,
     rayjobs,
     wait_for_condition,
-    wait_until,
 )
+from support.paths import REPO
+from support.polling import wait_until
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 

@@ -9,17 +9,17 @@ import pytest
 
 from controller.rayjob import build_rayjob, rayjob_name
 from controller.settings import Settings
-from operator_fixtures import (
+from support.kubectl import (
     apply_job,
     condition,
     create_database_secret,
     events_for,
-    free_port,
     get_json,
     rayjobs,
     wait_for_condition,
-    wait_until,
 )
+from support.net import free_port
+from support.polling import wait_until
 
 pytestmark = pytest.mark.k8s
 

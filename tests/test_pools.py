@@ -23,8 +23,8 @@ from controller.pools import (
 )
 from embedjob_worker.model import ResolvedModel
 from embedjob_worker.pools import pool_actor_name, pool_name
-from pg_fixtures import query
-from pool_fixtures import PACKAGED_MODEL, other_revision_model, sample_input, shared_job
+from support.pools import PACKAGED_MODEL, other_revision_model, sample_input, shared_job
+from support.sql import query
 
 MODEL = ResolvedModel("m", "rev1", "/models/m", None, True, None)
 
