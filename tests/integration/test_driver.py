@@ -16,6 +16,7 @@ import ray
 import sqlalchemy as sa
 
 from support.net import free_port
+from support.paths import CORPUS
 from support.polling import wait_until
 from support.sql import query
 from embedjob.contract import encode_job_config
@@ -24,9 +25,6 @@ from embedjob_worker.driver import DriverOptions, run_job, worker_actor_name
 from embedjob_worker.metrics import DriverMetrics
 from embedjob_worker.records import Record, classify_records
 from embedjob_worker.source import read_records
-
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO.parent / "shared" / "data" / "pep-paragraphs.jsonl"
 
 pytestmark = pytest.mark.slow
 

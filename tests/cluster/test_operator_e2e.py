@@ -13,15 +13,8 @@ import pytest
 import sqlalchemy as sa
 
 from plugins.standin import RayJobRunner
-from support.kubectl import (
-    apply_job,
-    condition,
-    create_database_secret,
-    events_for,
-    get_json,
-    rayjobs,
-    wait_for_condition,
-)
+from support.kubectl import (apply_job, condition, create_database_secret, events_for, get_json, rayjobs,
+                             wait_for_condition)
 from support.paths import REPO
 from support.polling import wait_until
 

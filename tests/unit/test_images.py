@@ -112,16 +112,6 @@ def test_controller_image_is_a_pinned_slim_python_running_the_controller_module(
     assert importlib.util.find_spec("controller.__main__") is not None, "python -m controller needs controller/__main__.py"
 
 
-def test_controller_image_runs_as_the_non_root_uid_the_chart_sets():
-    from support.chart import render_chart  # the chart's securityContext
-
-    uid, _, gid = final_user(parse_dockerfile(CONTROLLER_DOCKERFILE)).partition(":")
-    assert uid.isdigit() and int(uid) != 0, "USER must be numeric (runAsNonRoot can only check numeric uids)"
-    (deployment,) = [o for o in render_chart() if o["kind"] == "Deployment"]
-    pod_security = deployment["spec"]["template"]["spec"]["securityContext"]
-    assert (pod_security["runAsUser"], pod_security["runAsGroup"]) == (int(uid), int(gid or uid))
-
-
 def requirement_closure(requirements: list[str], extras: set[str] = frozenset()) -> set[str]:
     """Names of all distributions that ``requirements`` pull in (installed metadata, markers evaluated)."""
     seen: set[str] = set()

@@ -9,15 +9,8 @@ import pytest
 
 from controller.rayjob import build_rayjob, rayjob_name
 from controller.settings import Settings
-from support.kubectl import (
-    apply_job,
-    condition,
-    create_database_secret,
-    events_for,
-    get_json,
-    rayjobs,
-    wait_for_condition,
-)
+from support.kubectl import (apply_job, condition, create_database_secret, events_for, get_json, rayjobs,
+                             wait_for_condition)
 from support.net import free_port
 from support.polling import wait_until
 
