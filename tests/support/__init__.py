@@ -1,1 +1,1 @@
-"""Plain helpers that the test tiers share: no fixtures, no services, nothing heavy imported."""
+"""Plain helpers that the test tiers share: no fixtures, nothing started on import, no Ray or torch imported."""
