@@ -27,8 +27,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from envtest.plugin import REPO_CRDS, find_binaries, start_control_plane  # noqa: E402
-from operator_fixtures import ej_manifest, free_port, wait_until  # noqa: E402
+from envtest.binaries import find_binaries  # noqa: E402
+from envtest.control_plane import running_control_plane  # noqa: E402
+from support.manifests import ej_manifest  # noqa: E402
+from support.net import free_port  # noqa: E402
+from support.polling import wait_until  # noqa: E402
 
 from controller import permissions  # noqa: E402
 
@@ -84,57 +87,51 @@ def main() -> None:
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="embedjob-bench-"))
-    kube, processes = start_control_plane(workdir, find_binaries())
     operator = None
-    try:
-        wait_until("namespace default",
-                   lambda: kube.kubectl("get", "namespace", "default", check=False).returncode == 0, timeout=60)
-        kube.install_crds(sorted(kube.kuberay_crds.glob("*.yaml")) + sorted(REPO_CRDS.glob("*.yaml")))
-        kube.kubectl("create", "namespace", NAMESPACE)
-        kube.kubectl("create", "secret", "generic", "embedjob-db", "-n", NAMESPACE,
-                     "--from-literal=url=postgresql://writer:pw@db/embed")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDJOB_")}
-        env.update(KUBECONFIG=operator_kubeconfig(kube), EMBEDJOB_LOG_FORMAT="json",
-                   EMBEDJOB_HEALTH_PORT=str(free_port()), EMBEDJOB_METRICS_PORT=str(free_port()))
-        with open(workdir / "operator.log", "wb") as log:
-            operator = subprocess.Popen([sys.executable, "-m", "controller"], cwd=REPO, env=env, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
-        time.sleep(3)  # the operator's initial listing of empty resources
+    with running_control_plane(workdir, find_binaries()) as kube:
+        try:
+            kube.kubectl("create", "namespace", NAMESPACE)
+            kube.kubectl("create", "secret", "generic", "embedjob-db", "-n", NAMESPACE,
+                         "--from-literal=url=postgresql://writer:pw@db/embed")
+            env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDJOB_")}
+            env.update(KUBECONFIG=operator_kubeconfig(kube), EMBEDJOB_LOG_FORMAT="json",
+                       EMBEDJOB_HEALTH_PORT=str(free_port()), EMBEDJOB_METRICS_PORT=str(free_port()))
+            with open(workdir / "operator.log", "wb") as log:
+                operator = subprocess.Popen([sys.executable, "-m", "controller"], cwd=REPO, env=env, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+            time.sleep(3)  # the operator's initial listing of empty resources
 
-        jobs = [json.loads(ej_manifest(f"job-{i:05d}")) for i in range(args.jobs)]
-        before = request_counts(kube)
-        started = time.monotonic()
-        kube.kubectl("create", "-n", NAMESPACE, "-f", "-", "-o", "name",
-                     input=json.dumps({"apiVersion": "v1", "kind": "List", "items": jobs}), timeout=600)
-        created = time.monotonic() - started
-        wait_until("every RayJob", lambda: count(kube, "rayjobs", "{.items[*].metadata.name}") >= args.jobs,
-                   timeout=600, interval=1)
-        all_rayjobs = time.monotonic() - started
-        accepted = "{.items[*].status.conditions[?(@.type=='Accepted')].status}"
-        wait_until("every job Accepted", lambda: count(kube, "ej", accepted) >= args.jobs, timeout=600, interval=1)
-        all_accepted = time.monotonic() - started
-        time.sleep(5)  # let the last status patches and Events land
-        delta = request_counts(kube) - before
-        by_operator = {f"{verb} {resource}{'/' + sub if sub else ''}": int(n)
-                       for (verb, resource, sub), n in sorted(delta.items()) if (verb, resource, sub) in OPERATOR_REQUESTS}
-        result = {
-            "jobs": args.jobs,
-            "create_seconds": round(created, 1),
-            "all_rayjobs_seconds": round(all_rayjobs, 1),
-            "all_accepted_seconds": round(all_accepted, 1),
-            "operator_peak_rss_mb": round(peak_rss_mb(operator.pid), 1),
-            "operator_requests_per_job": round(sum(by_operator.values()) / args.jobs, 2),
-            "operator_requests": by_operator,
-            "cpus": os.cpu_count(),
-        }
-        print(json.dumps(result, indent=2))
-    finally:
-        if operator is not None:
-            os.killpg(operator.pid, signal.SIGTERM)
-            operator.wait(60)
-        for process in reversed(processes):
-            process.terminate()
-            process.wait(30)
+            jobs = [json.loads(ej_manifest(f"job-{i:05d}")) for i in range(args.jobs)]
+            before = request_counts(kube)
+            started = time.monotonic()
+            kube.kubectl("create", "-n", NAMESPACE, "-f", "-", "-o", "name",
+                         input=json.dumps({"apiVersion": "v1", "kind": "List", "items": jobs}), timeout=600)
+            created = time.monotonic() - started
+            wait_until("every RayJob", lambda: count(kube, "rayjobs", "{.items[*].metadata.name}") >= args.jobs,
+                       timeout=600, interval=1)
+            all_rayjobs = time.monotonic() - started
+            accepted = "{.items[*].status.conditions[?(@.type=='Accepted')].status}"
+            wait_until("every job Accepted", lambda: count(kube, "ej", accepted) >= args.jobs, timeout=600, interval=1)
+            all_accepted = time.monotonic() - started
+            time.sleep(5)  # let the last status patches and Events land
+            delta = request_counts(kube) - before
+            by_operator = {f"{verb} {resource}{'/' + sub if sub else ''}": int(n)
+                           for (verb, resource, sub), n in sorted(delta.items()) if (verb, resource, sub) in OPERATOR_REQUESTS}
+            result = {
+                "jobs": args.jobs,
+                "create_seconds": round(created, 1),
+                "all_rayjobs_seconds": round(all_rayjobs, 1),
+                "all_accepted_seconds": round(all_accepted, 1),
+                "operator_peak_rss_mb": round(peak_rss_mb(operator.pid), 1),
+                "operator_requests_per_job": round(sum(by_operator.values()) / args.jobs, 2),
+                "operator_requests": by_operator,
+                "cpus": os.cpu_count(),
+            }
+            print(json.dumps(result, indent=2))
+        finally:
+            if operator is not None:
+                os.killpg(operator.pid, signal.SIGTERM)
+                operator.wait(60)
 
 
 if __name__ == "__main__":

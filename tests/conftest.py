@@ -1,4 +1,5 @@
-"""Shared pytest plugins: the real PostgreSQL, the real Kubernetes control plane, local Ray heads."""
+"""Settings for every tier. Each tier's own conftest registers the plugins (services) it needs:
+unit/ none, integration/ PostgreSQL and Ray heads, cluster/ those and the envtest control plane."""
 
 import os
 
@@ -6,5 +7,3 @@ import os
 # rather than the machine's network address (read by Ray when first imported; inherited
 # by the Ray heads and drivers the tests start as subprocesses).
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-
-pytest_plugins = ["pg_fixtures", "envtest.plugin", "operator_fixtures", "pool_fixtures"]

@@ -10,17 +10,10 @@ import pytest
 from controller.rayjob import build_rayjob, rayjob_name
 from controller.settings import Settings
 from embedjob.api import parse_spec
-from operator_fixtures import (
-    apply_job,
-    condition,
-    create_database_secret,
-    events_for,
-    free_port,
-    get_json,
-    rayjobs,
-    wait_for_condition,
-    wait_until,
-)
+from support.kubectl import (apply_job, condition, create_database_secret, events_for, get_json, rayjobs,
+                             wait_for_condition)
+from support.net import free_port
+from support.polling import wait_until
 
 pytestmark = pytest.mark.k8s
 

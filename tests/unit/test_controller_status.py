@@ -10,7 +10,7 @@ from controller import acceptance, status
 from controller.acceptance import ACCEPTED, Verdict
 from controller.run_reader import RunRow
 from embedjob import api
-from operator_fixtures import MINIMAL_SPEC, merged
+from support.manifests import MINIMAL_SPEC, merged
 
 T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z"
 SECRET = {"data": {"url": base64.b64encode(b"postgresql://u:p@db/x").decode()}}

@@ -5,13 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 
-import pytest
 import sqlalchemy as sa
 
-from controller.run_reader import RunReader, RunUnavailable
-from embedjob.db import engine_url
+from controller.run_reader import RunReader
 from embedjob.db import migrate, runs
-from operator_fixtures import free_port
 
 
 def _run_row(job_key: str, started_at: dt.datetime, **counters) -> dict:
@@ -52,19 +49,3 @@ def test_before_the_first_migration_there_is_no_progress(database_url):
         assert reader.latest("uid-1") is None
     finally:
         reader.close()
-
-
-def test_database_outage_is_reported_without_credentials():
-    reader = RunReader(f"postgresql://reader:s3cret-pw@127.0.0.1:{free_port()}/embed")  # nobody listens there
-    try:
-        with pytest.raises(RunUnavailable) as info:
-            reader.latest("uid-1")
-    finally:
-        reader.close()
-    assert "OperationalError" in str(info.value) and "s3cret-pw" not in str(info.value)
-
-
-def test_plain_postgresql_urls_use_psycopg3():
-    assert engine_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
-    assert engine_url("postgresql+psycopg://u@h/db").drivername == "postgresql+psycopg"
-    assert engine_url("postgres://u@h/db").drivername == "postgresql+psycopg"

@@ -1,13 +1,11 @@
 """The shared API model and the CRD generated from it (no cluster needed)."""
 
-from pathlib import Path
-
 import pytest
 import yaml
 
 from embedjob import api, crd, manifest
+from support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 CRD_FILE = REPO / "crds" / "embeddingjobs.embedjob.dev.yaml"
 
 MINIMAL_SPEC = {

@@ -18,7 +18,7 @@ from controller.rayjob import (
 from controller.settings import Settings
 from embedjob import api
 from embedjob.contract import decode_job_config
-from operator_fixtures import MINIMAL_SPEC, merged
+from support.manifests import MINIMAL_SPEC, merged
 
 SETTINGS = Settings.from_env({"EMBEDJOB_WORKER_IMAGE": "registry.example/worker:1", "EMBEDJOB_RAY_VERSION": "2.60.0"})
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -15,9 +15,10 @@ import signal
 import pytest
 
 from embedjob_worker.pools import pool_actor_name
-from operator_fixtures import apply_job, create_database_secret, events_for, get_json, wait_until
-from pg_fixtures import query
-from pool_fixtures import PACKAGED_MODEL, SHARED_CLUSTER, other_revision_model, sample_input, shared_job
+from support.kubectl import apply_job, create_database_secret, events_for, get_json
+from support.polling import wait_until
+from support.pools import PACKAGED_MODEL, SHARED_CLUSTER, other_revision_model, sample_input, shared_job
+from support.sql import query
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 

@@ -5,7 +5,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from pg_fixtures import query
+from support.sql import query
 from embedjob_worker.errors import JobFailed
 from embedjob_worker.records import BadReason, BadRecord, Record
 from embedjob_worker.sink import AttemptRow, BatchOutcome, PostgresSink, content_salt, now

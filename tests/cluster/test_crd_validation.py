@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from operator_fixtures import condition, ej_manifest, get_json, set_condition_on_status
+from support.kubectl import condition, get_json, set_condition_on_status
+from support.manifests import ej_manifest
 
 pytestmark = pytest.mark.k8s
 

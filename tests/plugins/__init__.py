@@ -1,0 +1,2 @@
+"""pytest plugins that start the services of the integration and cluster tiers (each tier's
+conftest registers the ones it needs)."""

