@@ -1,0 +1,249 @@
+"""pytest plugin: a real scheduler, controller-manager and a test node on the envtest API server.
+
+Load it with ``pytest_plugins = ["envtest.realnode"]`` (in a test module or the root
+conftest). It builds on the ``kube`` fixture of ``envtest.plugin`` (same API server,
+CA and kubeconfig helpers).
+
+Fixtures
+--------
+``kube_controllers`` (session)
+    kube-scheduler and kube-controller-manager (built from the pinned
+    ``k8s.io/kubernetes`` module by ``tests/envtest/setup``), each with its own
+    identity (``system:kube-scheduler``, ``system:kube-controller-manager`` with one
+    ServiceAccount per controller), no leader election, serving /healthz on a free
+    loopback port. Controllers: ``CONTROLLERS`` below. Returns :class:`Controllers`.
+``real_node`` (session)
+    The test node agent (``tests/envtest/node``) registered as ``embedjob-test-node``
+    and Ready (its not-ready taint removed by the node-lifecycle controller). Returns
+    :class:`RealNode`. Needs root, ``ip``, ``unshare``, ``nsenter`` and ``nft``; without
+    them the fixture fails with what is missing (or skips with EMBEDJOB_ENVTEST_SKIP=1).
+
+Tests using them are marked ``cluster``. Teardown stops the agent (which stops its
+pods and removes its network namespaces, bridge and cgroups); a reaper process
+removes them if the agent is killed, and every agent start sweeps the leftovers of
+dead runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+# the envtest plugin's process and readiness helpers (one definition, used here too)
+from envtest.plugin import SETUP, SKIP_ENV, Kube, _spawn, _stop, _tail, _wait_for, free_port
+
+NODE_DIR = Path(__file__).resolve().parent / "node"
+TESTS_DIR = NODE_DIR.parent.parent
+NODE_NAME = "embedjob-test-node"
+BINARY_ENV = {"kube_scheduler": "EMBEDJOB_KUBE_SCHEDULER", "kube_controller_manager": "EMBEDJOB_KUBE_CONTROLLER_MANAGER"}
+REAL_NODE_FIXTURES = {"kube_controllers", "real_node"}
+
+#: kube-controller-manager's controllers: what pods, Jobs, Services, ServiceAccounts,
+#: garbage collection and namespace deletion need; no cloud, volume or certificate ones.
+CONTROLLERS = [
+    "job-controller", "cronjob-controller", "ttl-after-finished-controller",
+    "garbage-collector-controller", "namespace-controller", "pod-garbage-collector-controller",
+    "endpoints-controller", "endpointslice-controller", "endpointslice-mirroring-controller",
+    "serviceaccount-controller", "serviceaccount-token-controller", "root-ca-certificate-publisher-controller",
+    "replicaset-controller", "deployment-controller", "statefulset-controller", "daemonset-controller",
+    "node-lifecycle-controller", "clusterrole-aggregation-controller", "resourcequota-controller",
+    "disruption-controller",
+]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cluster: runs pods for real (scheduler, controller-manager, test node)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if REAL_NODE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
+
+
+def _binaries() -> dict[str, str]:
+    """Paths of kube-scheduler and kube-controller-manager: from the environment, else from setup."""
+    found = {k: os.environ.get(v, "") for k, v in BINARY_ENV.items()}
+    if all(p and os.access(p, os.X_OK) for p in found.values()):
+        return found
+    if os.environ.get(SKIP_ENV) == "1":
+        pytest.skip(f"kube-scheduler/kube-controller-manager missing and {SKIP_ENV}=1")
+    res = subprocess.run([str(SETUP)], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{SETUP} failed ({res.returncode}):\n{res.stderr[-4000:]}")
+    for line in res.stdout.splitlines():
+        words = shlex.split(line)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            key, value = words[1].split("=", 1)
+            os.environ[key] = value
+    found = {k: os.environ.get(v, "") for k, v in BINARY_ENV.items()}
+    missing = [BINARY_ENV[k] for k, p in found.items() if not (p and os.access(p, os.X_OK))]
+    if missing:
+        raise RuntimeError(f"{SETUP} did not provide {missing}")
+    return found
+
+
+def _healthz(port: int) -> bool:
+    ctx = ssl._create_unverified_context()  # self-signed serving certificate, loopback only
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx, timeout=5) as resp:
+        return resp.status == 200
+
+
+@dataclass
+class Controllers:
+    scheduler: subprocess.Popen
+    controller_manager: subprocess.Popen
+    scheduler_log: Path
+    controller_manager_log: Path
+
+
+@pytest.fixture(scope="session")
+def kube_controllers(kube: Kube) -> Iterator[Controllers]:
+    binaries = _binaries()
+    workdir = kube.workdir / "controllers"
+    workdir.mkdir(exist_ok=True)
+    sched_kc = kube.kubeconfig_for_user("system:kube-scheduler")
+    kcm_kc = kube.kubeconfig_for_user("system:kube-controller-manager")
+    sched_port, kcm_port = free_port(), free_port()
+    sched_log, kcm_log = workdir / "kube-scheduler.log", workdir / "kube-controller-manager.log"
+    common = ["--bind-address=127.0.0.1", "--leader-elect=false", "--v=1"]
+    procs = []
+    try:
+        sched = _spawn([binaries["kube_scheduler"], f"--kubeconfig={sched_kc}",
+                        f"--authentication-kubeconfig={sched_kc}", f"--authorization-kubeconfig={sched_kc}",
+                        f"--secure-port={sched_port}", *common], sched_log)
+        procs.append(sched)
+        kcm = _spawn([binaries["kube_controller_manager"], f"--kubeconfig={kcm_kc}",
+                      f"--authentication-kubeconfig={kcm_kc}", f"--authorization-kubeconfig={kcm_kc}",
+                      f"--secure-port={kcm_port}", *common,
+                      "--use-service-account-credentials=true",
+                      f"--service-account-private-key-file={kube.workdir / 'pki' / 'sa.key'}",
+                      f"--root-ca-file={kube.ca_cert}",
+                      "--cluster-name=embedjob-envtest",
+                      f"--controllers={','.join(CONTROLLERS)}"], kcm_log)
+        procs.append(kcm)
+        _wait_for("kube-scheduler /healthz", lambda: _healthz(sched_port), 120, sched, sched_log)
+        _wait_for("kube-controller-manager /healthz", lambda: _healthz(kcm_port), 120, kcm, kcm_log)
+        sys.stderr.write(f"envtest: scheduler log {sched_log}, controller-manager log {kcm_log}\n")
+        yield Controllers(sched, kcm, sched_log, kcm_log)
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+
+
+@dataclass
+class RealNode:
+    """The running test node."""
+
+    name: str
+    kube: Kube
+    process: subprocess.Popen
+    log_path: Path
+    workdir: Path  #: pod directories: volumes, container logs, hosts files
+    info: dict  #: run_id, tag (the prefix of its host resources), bridge, subnet, gateway
+
+    def log_tail(self, lines: int = 60) -> str:
+        return _tail(self.log_path, lines)
+
+    def container_log(self, namespace: str, pod: str, container: str, restart: int | None = None) -> str:
+        """A container's output (stdout and stderr): the test node's stand-in for ``kubectl logs``."""
+        dirs = sorted(self.workdir.glob(f"pods/{namespace}_{pod}_*"), key=lambda p: p.stat().st_mtime)
+        if not dirs:
+            raise FileNotFoundError(f"no pod directory for {namespace}/{pod}")
+        logs = dirs[-1] / "logs"
+        if restart is None:
+            candidates = sorted(logs.glob(f"{container}-*.log"), key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+            if not candidates:
+                raise FileNotFoundError(f"no log of container {container} in {logs}")
+            return candidates[-1].read_text(errors="replace")
+        return (logs / f"{container}-{restart}.log").read_text(errors="replace")
+
+    def wait_for_pod(self, namespace: str, name: str, predicate, timeout: float = 120, what: str = "condition") -> dict:
+        """Poll a pod until ``predicate(pod)``; see :func:`wait_for_pod`."""
+        return wait_for_pod(self.kube, namespace, name, predicate, timeout, what)
+
+    def leftovers(self) -> list[str]:
+        """Host resources that still carry this run's prefix (empty once the node stopped)."""
+        tag = self.info["tag"]
+        found = [f"link {line.split(':')[1].strip()}" for line in
+                 subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout.splitlines()
+                 if ":" in line and line.split(":")[1].strip().startswith(tag)]
+        found += [f"netns {n}" for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                        text=True).stdout.split() if n.startswith(tag)]
+        found += [str(p) for p in (Path("/sys/fs/cgroup/pids") / tag, Path("/run/embedjob-node") / tag) if p.exists()]
+        found += [str(p) for p in Path("/dev/shm").glob(f"{tag}-*")]
+        return found
+
+
+def _node_ready(kube: Kube, name: str) -> bool:
+    node = json.loads(kube.kubectl("get", "node", name, "-o", "json", check=False).stdout or "{}")
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in node.get("status", {}).get("conditions", []))
+    taints = [t["key"] for t in node.get("spec", {}).get("taints") or []]
+    return ready and not any(t.startswith("node.kubernetes.io/") for t in taints)
+
+
+def _require_host() -> None:
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("not root (network namespaces, mounts and cgroups need it)")
+    for tool, package in (("ip", "iproute2"), ("unshare", "util-linux"), ("nsenter", "util-linux"),
+                          ("nft", "nftables")):
+        if shutil.which(tool) is None:
+            problems.append(f"`{tool}` missing (apt-get install -y {package})")
+    if not Path("/sys/fs/cgroup/pids").is_dir():
+        problems.append("no cgroup v1 pids hierarchy at /sys/fs/cgroup/pids")
+    if problems:
+        if os.environ.get(SKIP_ENV) == "1":
+            pytest.skip("test node cannot run here: " + "; ".join(problems))
+        raise RuntimeError("the test node cannot run here: " + "; ".join(problems))
+
+
+@pytest.fixture(scope="session")
+def real_node(kube: Kube, kube_controllers: Controllers) -> Iterator[RealNode]:
+    _require_host()
+    workdir = kube.workdir / "node"
+    workdir.mkdir(exist_ok=True)
+    log_path, ready_file = workdir / "agent.log", workdir / "ready.json"
+    node_kc = kube.kubeconfig_for_user(f"system:node:{NODE_NAME}", ["system:nodes"])
+    proxy_kc = kube.kubeconfig_for_user("system:kube-proxy")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))}
+    proc = _spawn([sys.executable, "-m", "envtest.node.agent", f"--kubeconfig={node_kc}",
+                   f"--proxy-kubeconfig={proxy_kc}", f"--node-name={NODE_NAME}", f"--workdir={workdir}",
+                   f"--apiserver={kube.server.removeprefix('https://')}", f"--ready-file={ready_file}",
+                   f"--kubelet-version={kube.versions['KUBERNETES_VERSION']}"], log_path, env=env)
+    try:
+        _wait_for("test node agent", ready_file.exists, 60, proc, log_path)
+        _wait_for(f"node {NODE_NAME} Ready and untainted", lambda: _node_ready(kube, NODE_NAME), 120, proc, log_path)
+        sys.stderr.write(f"envtest: test node log {log_path}\n")
+        yield RealNode(NODE_NAME, kube, proc, log_path, workdir, json.loads(ready_file.read_text()))
+    finally:
+        _stop(proc, timeout=60)
+
+
+def wait_for_pod(kube: Kube, namespace: str, name: str, predicate, timeout: float = 120,
+                 what: str = "condition") -> dict:
+    """Poll a pod until ``predicate(pod)``; return it (raise with the pod's status and events otherwise)."""
+    deadline = time.monotonic() + timeout
+    pod: dict = {}
+    while time.monotonic() < deadline:
+        res = kube.kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
+        if res.returncode == 0:
+            pod = json.loads(res.stdout)
+            if predicate(pod):
+                return pod
+        time.sleep(0.5)
+    events = kube.kubectl("get", "events", "-n", namespace, check=False).stdout
+    raise TimeoutError(f"pod {namespace}/{name}: {what} not reached in {timeout}s; status:\n"
+                       f"{json.dumps(pod.get('status'), indent=1)}\nevents:\n{events}")
