@@ -383,3 +383,64 @@ def test_agent_killed_with_sigkill_leaves_nothing_behind(kube, kube_controllers,
 def _node_ready_still(kube, name: str) -> bool:
     node = _json(kube, "get", "node", name)
     return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+
+
+RAY_CLUSTER = """
+apiVersion: ray.io/v1
+kind: RayCluster
+metadata:
+  name: raycluster
+spec:
+  rayVersion: "2.60.0"
+  headGroupSpec:
+    rayStartParams:
+      num-cpus: "1"
+    template:
+      spec:
+        containers:
+        - name: ray-head
+          image: rayproject/ray:2.60.0
+          resources:
+            requests: {cpu: "1", memory: 2Gi}
+            limits: {cpu: "1", memory: 2Gi}
+  workerGroupSpecs:
+  - groupName: cpu
+    replicas: 1
+    minReplicas: 1
+    maxReplicas: 1
+    rayStartParams:
+      num-cpus: "1"
+    template:
+      spec:
+        containers:
+        - name: ray-worker
+          image: rayproject/ray:2.60.0
+          resources:
+            requests: {cpu: "1", memory: 1Gi}
+            limits: {cpu: "1", memory: 1Gi}
+"""
+
+
+def test_kuberay_raycluster_head_and_worker_run_ray_for_real(kube, real_node, kuberay_operator, namespace):
+    kube.apply(RAY_CLUSTER, namespace=namespace)
+    deadline = time.monotonic() + 300
+    while True:
+        rc = _json(kube, "get", "raycluster", "raycluster", "-n", namespace)
+        if rc.get("status", {}).get("state") == "ready":
+            break
+        if time.monotonic() > deadline:
+            pods = kube.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+            raise AssertionError(f"RayCluster not ready: {json.dumps(rc.get('status'), indent=1)}\n{pods}\n"
+                                 f"{real_node.log_tail()}\n{kuberay_operator.log_tail(30)}")
+        time.sleep(2)
+    pods = _json(kube, "get", "pods", "-n", namespace, "-l", "ray.io/cluster=raycluster")["items"]
+    kinds = sorted(p["metadata"]["labels"]["ray.io/node-type"] for p in pods)
+    assert kinds == ["head", "worker"]
+    assert all(p["status"]["phase"] == "Running" for p in pods)
+    head = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
+    # the head's dashboard, from the host through the bridge: two Ray nodes alive
+    import urllib.request
+    with urllib.request.urlopen(f"http://{head['status']['podIP']}:8265/nodes?view=summary", timeout=10) as resp:
+        summary = json.load(resp)
+    alive = [n for n in summary["data"]["summary"] if n["raylet"]["state"] == "ALIVE"]
+    assert len(alive) == 2, summary

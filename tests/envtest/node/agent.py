@@ -33,6 +33,20 @@ from .services import ServiceProxy
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "nft")
 
 
+def runtime_home_entries(home: str = "/root") -> list[str]:
+    """The entries of root's home that the Python runtime lives in (pyenv, the virtualenvs): a
+    container's /root keeps these and nothing else of the developer's home."""
+    paths = [sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix,
+             *(p for p in sys.path if p)]
+    keep = set()
+    for p in paths:
+        real = os.path.realpath(p)
+        for candidate in (os.path.abspath(p), real):
+            if candidate.startswith(home + "/"):
+                keep.add(candidate[len(home) + 1:].split("/")[0])
+    return sorted(keep)
+
+
 class Node:
     """What every pod worker shares: the API client, the network, the services, the node's facts."""
 
@@ -47,6 +61,7 @@ class Node:
                             "ephemeral-storage": "100Gi", "nvidia.com/gpu": str(args.gpus)}
         venv_bin = os.path.dirname(sys.executable)
         self.path = f"{venv_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        self.home_keep = runtime_home_entries()
         self.names = runs.RunNames(runs.new_run_id())
         self.network = PodNetwork(self.names)
         self.services: ServiceProxy | None = None

@@ -11,6 +11,10 @@ termination-log file) at its path, changes to the working directory and execs th
 command with the resolved environment. If anything fails before the exec, it writes
 the reason to ERRFD (a close-on-exec pipe: the agent reads EOF on success) and exits 128.
 
+A mask replaces a directory (the root user's home) by a tmpfs that holds only the
+listed entries of the original (bind-mounted): the Python installation and the
+virtualenv stay, the developer's dotfiles, kubeconfig and ~/.ray do not.
+
 A mount point that does not exist on this machine (e.g. /var/run/secrets/...) is made
 without touching the host: its nearest existing ancestor is shadowed, in this mount
 namespace only, by a tmpfs that holds a bind mount of each original entry, and the
@@ -41,31 +45,34 @@ def fd_path(fd):
 
 
 class Mounter:
-    def __init__(self, stage_fds):
-        self.stage_fds = list(stage_fds)  # O_PATH fds of empty directories the agent made for shadows
+    def __init__(self):
         self.ours = []  # mount points we made: creating inside them does not touch the host
 
     def _inside_ours(self, path):
         return any(path == m or path.startswith(m.rstrip("/") + "/") for m in self.ours)
 
-    def _shadow(self, directory):
-        """Make ``directory`` writable in this mount namespace only, keeping its entries."""
-        if not self.stage_fds:
-            raise RuntimeError(f"no staging directory left to shadow {directory}")
-        stage = fd_path(self.stage_fds.pop())
-        mode = os.stat(directory).st_mode & 0o7777
-        mount(directory, stage, flags=MS_BIND | MS_REC)
-        mount("tmpfs", directory, "tmpfs", 0, f"mode={mode:o}")
-        for entry in os.listdir(stage):
-            src, dst = os.path.join(stage, entry), os.path.join(directory, entry)
-            if os.path.islink(src):
-                os.symlink(os.readlink(src), dst)
-            elif os.path.isdir(src):
-                os.mkdir(dst)
-                mount(src, dst, flags=MS_BIND | MS_REC)
-            else:
-                open(dst, "w").close()
-                mount(src, dst, flags=MS_BIND)
+    def _shadow(self, directory, keep=None):
+        """Make ``directory`` writable in this mount namespace only, keeping its entries (or those in ``keep``)."""
+        # an fd opened before the tmpfs covers the directory still names the original one
+        original = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+        try:
+            mode = os.stat(directory).st_mode & 0o7777
+            mount("tmpfs", directory, "tmpfs", 0, f"mode={mode:o}")
+            base = fd_path(original)
+            for entry in os.listdir(base):
+                if keep is not None and entry not in keep:
+                    continue
+                src, dst = os.path.join(base, entry), os.path.join(directory, entry)
+                if os.path.islink(src):
+                    os.symlink(os.readlink(src), dst)
+                elif os.path.isdir(src):
+                    os.mkdir(dst)
+                    mount(src, dst, flags=MS_BIND | MS_REC)
+                else:
+                    open(dst, "w").close()
+                    mount(src, dst, flags=MS_BIND)
+        finally:
+            os.close(original)
         self.ours.append(directory)
 
     def ensure(self, path, is_dir):
@@ -112,11 +119,12 @@ def main():
         mounts = sorted(spec["mounts"], key=lambda m: m["dst"].rstrip("/").count("/"))
         fds = [os.open(m["src"], os.O_PATH) for m in mounts]
         is_dir = [os.path.isdir(m["src"]) for m in mounts]
-        stages = [os.open(p, os.O_PATH) for p in spec["stage_dirs"]]
-        mounter = Mounter(stages)
+        mounter = Mounter()
+        for mask in spec.get("masks", []):  # e.g. /root: an image's home, not the developer's
+            mounter._shadow(mask["dst"], keep=set(mask["keep"]))
         for m, fd, d in zip(mounts, fds, is_dir):
             mounter.bind(fd, m["dst"], d, m.get("readonly", False))
-        for fd in fds + mounter.stage_fds:
+        for fd in fds:
             os.close(fd)
         os.chdir(spec["cwd"])
         argv = spec["argv"]

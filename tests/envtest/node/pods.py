@@ -319,6 +319,7 @@ class PodWorker(threading.Thread):
         mounts = [{"src": str(self.hosts), "dst": "/etc/hosts"},
                   {"src": str(self.resolv), "dst": "/etc/resolv.conf"},
                   {"src": str(termlog), "dst": spec.get("terminationMessagePath", "/dev/termination-log")}]
+        mounts += self._image_files(cdir, env["PATH"]) if "PATH" in env else []
         user_paths = {m["mountPath"].rstrip("/") for m in spec.get("volumeMounts", [])}
         if "/tmp" not in user_paths:
             mounts.append({"src": str(cdir / "tmp"), "dst": "/tmp"})
@@ -333,15 +334,11 @@ class PodWorker(threading.Thread):
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
             c.next_start = time.monotonic() + 2
             return
-        stages = []
-        for i in range(len(mounts)):
-            stage = cdir / "stage" / str(i)
-            stage.mkdir(parents=True, exist_ok=True)
-            stages.append(str(stage))
         cgroup = self.node.names.cgroup / f"{self.uid[:8]}-{c.name}-{c.restarts}"
         cgroup.mkdir(parents=True, exist_ok=True)
-        launch = {"hostname": self.hostname, "mounts": mounts, "stage_dirs": stages,
-                  "cwd": spec.get("workingDir") or "/", "argv": argv, "env": env}
+        launch = {"hostname": self.hostname, "mounts": mounts,
+                  "cwd": spec.get("workingDir") or "/",
+                  "masks": [{"dst": "/root", "keep": self.node.home_keep}], "argv": argv, "env": env}
         spec_path = cdir / "launch.json"
         spec_path.write_text(json.dumps(launch))
         log_path = self.dir / "logs" / f"{c.name}-{c.restarts}.log"
@@ -387,6 +384,19 @@ class PodWorker(threading.Thread):
                                                       proc.pid, env, gate)
             for prober in run.probers.values():
                 prober.start()
+
+    @staticmethod
+    def _image_files(cdir: Path, path: str) -> list[dict]:
+        """An /etc/profile that keeps the container's PATH, as an image's ENV PATH survives ``bash -l``
+        (Debian's /etc/profile resets PATH)."""
+        mounts = []
+        host_profile = Path("/etc/profile")
+        if host_profile.is_file():
+            profile = cdir / "etc-profile"
+            profile.write_text(host_profile.read_text() + "\n# embedjob test node: the container's PATH\n"
+                               f"export PATH={shlex.quote(path)}\n")
+            mounts.append({"src": str(profile), "dst": "/etc/profile"})
+        return mounts
 
     def _view(self, pod: dict) -> dict:
         """``pod`` with the addresses this node gave it (the API object may not show them yet)."""
