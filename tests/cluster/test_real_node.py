@@ -8,17 +8,12 @@ EndpointSlice, ServiceAccount controllers) and the test node agent make of them.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
-import pytest
-
 pytest_plugins = ["envtest.realnode"]
-
-TESTS_DIR = Path(__file__).resolve().parents[1]
 
 
 def _phase(*phases):
@@ -324,25 +319,18 @@ def test_deleting_owner_and_namespace_removes_pods_through_gc_and_namespace_cont
         assert real_node.container_log(ns, name, "sleeper").splitlines() == ["running", "got SIGTERM"]
 
 
-def test_agent_killed_with_sigkill_leaves_nothing_behind(kube, kube_controllers, real_node, tmp_path):
+def test_agent_killed_with_sigkill_leaves_nothing_behind(kube, real_node, tmp_path):
     """A second node agent (its own run id) is SIGKILLed: its reaper removes its pods' processes,
     network namespaces, bridge and cgroups; the first node keeps running."""
     name = "embedjob-doomed-node"
-    node_kc = kube.kubeconfig_for_user(f"system:node:{name}", ["system:nodes"])
-    proxy_kc = kube.kubeconfig_for_user("system:kube-proxy")
-    ready = tmp_path / "ready.json"
-    log = open(tmp_path / "agent.log", "wb")
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "envtest.node.agent", f"--kubeconfig={node_kc}", f"--proxy-kubeconfig={proxy_kc}",
-         f"--node-name={name}", f"--workdir={tmp_path}", f"--ready-file={ready}"],
-        cwd=TESTS_DIR, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    agent = real_node.start_agent(name, tmp_path)
+    ns = f"kill-{uuid.uuid4().hex[:6]}"
     try:
         deadline = time.monotonic() + 60
-        while not ready.exists():
+        while not (tmp_path / "ready.json").exists():
             assert agent.poll() is None and time.monotonic() < deadline, (tmp_path / "agent.log").read_text()
             time.sleep(0.2)
-        info = json.loads(ready.read_text())
-        ns = f"kill-{uuid.uuid4().hex[:6]}"
+        run_id = json.loads((tmp_path / "ready.json").read_text())["run_id"]
         kube.kubectl("create", "namespace", ns)
         kube.apply(json.dumps({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
                    namespace=ns)
@@ -352,37 +340,22 @@ def test_agent_killed_with_sigkill_leaves_nothing_behind(kube, kube_controllers,
         running = real_node.wait_for_pod(ns, "orphan", _phase("Running"), what="Running")
         pid = int(running["status"]["containerStatuses"][0]["containerID"].rpartition("/")[2])
         assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"600"]
-        tag = info["tag"]
-        assert any(n.startswith(tag) for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                            text=True).stdout.split())
+        assert any(item.startswith("netns ") for item in real_node.leftovers(run_id))
         agent.kill()
         agent.wait()
         deadline = time.monotonic() + 30
-        while True:
-            left = [*(n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-                      if n.startswith(tag)),
-                    *(p for p in (Path("/sys/fs/cgroup/pids") / tag, Path("/run/embedjob-node") / tag) if p.exists()),
-                    *(line for line in subprocess.run(["ip", "-o", "link", "show"], capture_output=True,
-                                                      text=True).stdout.splitlines() if tag in line)]
-            if not left:
-                break
+        while left := real_node.leftovers(run_id):
             assert time.monotonic() < deadline, f"left behind after SIGKILL: {left}"
             time.sleep(0.5)
         assert not Path(f"/proc/{pid}").exists() or b"sleep" not in Path(f"/proc/{pid}/cmdline").read_bytes()
-        assert _node_ready_still(kube, real_node.name)
+        assert real_node.leftovers()  # the session's own node is untouched
         kube.kubectl("delete", "pod", "orphan", "-n", ns, "--grace-period=0", "--force")
-        kube.kubectl("delete", "namespace", ns, "--wait=false")
     finally:
         if agent.poll() is None:
             agent.kill()
             agent.wait()
-        log.close()
+        kube.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
         kube.kubectl("delete", "node", name, "--ignore-not-found", check=False)
-
-
-def _node_ready_still(kube, name: str) -> bool:
-    node = _json(kube, "get", "node", name)
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
 
 
 RAY_CLUSTER = """
@@ -439,7 +412,6 @@ def test_kuberay_raycluster_head_and_worker_run_ray_for_real(kube, real_node, ku
     assert all(p["status"]["phase"] == "Running" for p in pods)
     head = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
     # the head's dashboard, from the host through the bridge: two Ray nodes alive
-    import urllib.request
     with urllib.request.urlopen(f"http://{head['status']['podIP']}:8265/nodes?view=summary", timeout=10) as resp:
         summary = json.load(resp)
     alive = [n for n in summary["data"]["summary"] if n["raylet"]["state"] == "ALIVE"]

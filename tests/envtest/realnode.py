@@ -41,6 +41,7 @@ from typing import Iterator
 
 import pytest
 
+from envtest.node import runs as node_runs
 # the envtest plugin's process and readiness helpers (one definition, used here too)
 from envtest.plugin import SETUP, SKIP_ENV, Kube, _spawn, _stop, _tail, _wait_for, free_port
 
@@ -174,17 +175,37 @@ class RealNode:
         """Poll a pod until ``predicate(pod)``; see :func:`wait_for_pod`."""
         return wait_for_pod(self.kube, namespace, name, predicate, timeout, what)
 
-    def leftovers(self) -> list[str]:
-        """Host resources that still carry this run's prefix (empty once the node stopped)."""
-        tag = self.info["tag"]
-        found = [f"link {line.split(':')[1].strip()}" for line in
-                 subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout.splitlines()
-                 if ":" in line and line.split(":")[1].strip().startswith(tag)]
-        found += [f"netns {n}" for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                        text=True).stdout.split() if n.startswith(tag)]
-        found += [str(p) for p in (Path("/sys/fs/cgroup/pids") / tag, Path("/run/embedjob-node") / tag) if p.exists()]
-        found += [str(p) for p in Path("/dev/shm").glob(f"{tag}-*")]
-        return found
+    def leftovers(self, run_id: str | None = None) -> list[str]:
+        """Host resources of this node's run (or of ``run_id``'s): empty once that agent stopped."""
+        owned = node_runs.leftovers(node_runs.RunNames(run_id or self.info["run_id"]))
+        return [f"{kind} {item}" for kind, items in owned.items() for item in items]
+
+    def start_agent(self, name: str, workdir: Path) -> subprocess.Popen:
+        """Start one more agent (its own node ``name`` and run), in a session of its own; the
+        caller stops it. For tests of the agent itself."""
+        log = open(workdir / "agent.log", "ab")
+        try:
+            return subprocess.Popen(_agent_args(self.kube, name, workdir, apiserver=False), env=_agent_env(),
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            log.close()
+
+
+def _agent_args(kube: Kube, name: str, workdir: Path, *, apiserver: bool = True) -> list[str]:
+    """The agent's command line: node ``name`` (identity system:node:NAME), pods under ``workdir``,
+    ``workdir/ready.json`` written once it is registered."""
+    node_kc = kube.kubeconfig_for_user(f"system:node:{name}", ["system:nodes"])
+    proxy_kc = kube.kubeconfig_for_user("system:kube-proxy")
+    args = [sys.executable, "-m", "envtest.node.agent", f"--kubeconfig={node_kc}", f"--proxy-kubeconfig={proxy_kc}",
+            f"--node-name={name}", f"--workdir={workdir}", f"--ready-file={workdir / 'ready.json'}",
+            f"--kubelet-version={kube.versions['KUBERNETES_VERSION']}"]
+    if apiserver:  # pods reach the API server through the kubernetes Service
+        args.append(f"--apiserver={kube.server.removeprefix('https://')}")
+    return args
+
+
+def _agent_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))}
 
 
 def _node_ready(kube: Kube, name: str) -> bool:
@@ -216,13 +237,7 @@ def real_node(kube: Kube, kube_controllers: Controllers) -> Iterator[RealNode]:
     workdir = kube.workdir / "node"
     workdir.mkdir(exist_ok=True)
     log_path, ready_file = workdir / "agent.log", workdir / "ready.json"
-    node_kc = kube.kubeconfig_for_user(f"system:node:{NODE_NAME}", ["system:nodes"])
-    proxy_kc = kube.kubeconfig_for_user("system:kube-proxy")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))}
-    proc = _spawn([sys.executable, "-m", "envtest.node.agent", f"--kubeconfig={node_kc}",
-                   f"--proxy-kubeconfig={proxy_kc}", f"--node-name={NODE_NAME}", f"--workdir={workdir}",
-                   f"--apiserver={kube.server.removeprefix('https://')}", f"--ready-file={ready_file}",
-                   f"--kubelet-version={kube.versions['KUBERNETES_VERSION']}"], log_path, env=env)
+    proc = _spawn(_agent_args(kube, NODE_NAME, workdir), log_path, env=_agent_env())
     try:
         _wait_for("test node agent", ready_file.exists, 60, proc, log_path)
         _wait_for(f"node {NODE_NAME} Ready and untainted", lambda: _node_ready(kube, NODE_NAME), 120, proc, log_path)

@@ -96,8 +96,6 @@ class PodWorker(threading.Thread):
         self.start_time = ""
         self.conditions: dict[str, dict] = {}
         self.phase = "Pending"
-        self.reason = ""
-        self.message = ""
         spec = pod["spec"]
         self.inits = [Container(c, True) for c in spec.get("initContainers", [])]
         self.containers = [Container(c, False) for c in spec["containers"]]
@@ -131,13 +129,15 @@ class PodWorker(threading.Thread):
         return bool(self.latest()["metadata"].get("deletionTimestamp"))
 
     def _run(self) -> None:
+        if self._interrupted():  # deleted before it ever ran here
+            return self._finish()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.start_time = now_rfc3339()
         self._set_condition("PodScheduled", "True")
         self._sandbox()
         self._sync()
         while not self._volumes_ready():
-            if self._deleting() or self.gone.is_set() or self.stopping.is_set():
+            if self._interrupted():
                 return self._finish()
             self._sync()
             time.sleep(2)
@@ -168,7 +168,7 @@ class PodWorker(threading.Thread):
         # terminal: the sandbox goes, the pod object stays until it is deleted
         self._sync()
         self._teardown_sandbox()
-        while not (self._deleting() or self.gone.is_set() or self.stopping.is_set()):
+        while not self._interrupted():
             time.sleep(POLL)
         self._finish()
 

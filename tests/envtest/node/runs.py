@@ -99,18 +99,34 @@ def _sh(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True)
 
 
+def _links() -> list[str]:
+    out = _sh("ip", "-o", "link", "show").stdout
+    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
+
+
+def _netns() -> list[str]:
+    return _sh("ip", "netns", "list").stdout.split()
+
+
 def existing_run_ids() -> set[str]:
     """Run ids that own anything on this machine."""
-    names: list[str] = []
-    out = _sh("ip", "-o", "link", "show").stdout
-    names += [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
-    names += _sh("ip", "netns", "list").stdout.split()
+    names = _links() + _netns()
     for root in (STATE_ROOT, CGROUP_ROOT, SHM_ROOT):
         try:
             names += os.listdir(root)
         except OSError:
             pass
     return {m.group(1) for n in names if (m := RUN_RE.match(n))}
+
+
+def leftovers(names: RunNames) -> dict[str, list]:
+    """What run ``names`` owns on this machine now: {"cgroup", "netns", "link", "dir"}."""
+    return {
+        "cgroup": [names.cgroup] if names.cgroup.exists() else [],
+        "netns": [n for n in _netns() if n.startswith(names.tag + "-")],
+        "link": [n for n in _links() if n.startswith(names.tag)],
+        "dir": [*SHM_ROOT.glob(f"{names.tag}-*"), *([names.state_dir] if names.state_dir.exists() else [])],
+    }
 
 
 def kill_cgroup(cgroup: Path, sig: int = signal.SIGKILL, attempts: int = 50) -> None:
@@ -145,30 +161,16 @@ def kill_cgroup(cgroup: Path, sig: int = signal.SIGKILL, attempts: int = 50) -> 
 
 
 def remove_run(names: RunNames) -> list[str]:
-    """Remove everything of run ``names`` from this machine; returns what was removed."""
-    removed = []
+    """Remove everything of run ``names`` from this machine (processes first); returns what was removed."""
+    owned = leftovers(names)
     kill_cgroup(names.cgroup)
-    if names.cgroup.exists():
-        removed.append(f"cgroup {names.cgroup} (not empty yet)")
-    for ns in _sh("ip", "netns", "list").stdout.split():
-        if ns.startswith(names.tag + "-"):
-            _sh("ip", "netns", "delete", ns)
-            removed.append(f"netns {ns}")
-    out = _sh("ip", "-o", "link", "show").stdout
-    for line in out.splitlines():
-        if ":" not in line:
-            continue
-        link = line.split(":")[1].strip().split("@")[0]
-        if link.startswith(names.tag):
-            _sh("ip", "link", "delete", link)
-            removed.append(f"link {link}")
-    for path in SHM_ROOT.glob(f"{names.tag}-*"):
+    for ns in owned["netns"]:
+        _sh("ip", "netns", "delete", ns)  # takes the pod's end of its veth pair along
+    for link in owned["link"]:
+        _sh("ip", "link", "delete", link)
+    for path in owned["dir"]:
         shutil.rmtree(path, ignore_errors=True)
-        removed.append(f"dir {path}")
-    if names.state_dir.exists():
-        shutil.rmtree(names.state_dir, ignore_errors=True)
-        removed.append(f"state {names.state_dir}")
-    return removed
+    return [f"{kind} {item}" for kind, items in owned.items() for item in items]
 
 
 def sweep(exclude: str | None = None) -> dict[str, list[str]]:
