@@ -205,6 +205,8 @@ class PodWorker(threading.Thread):
         own = f"{self.pod_ip}\t{hostname}"
         if spec.get("subdomain"):
             own += f"\t{hostname}.{spec['subdomain']}.{self.ns}.svc.{self.node.cluster_domain}"
+        for alias in spec.get("hostAliases", []):
+            own += f"\n{alias['ip']}\t{' '.join(alias.get('hostnames', []))}"
         self.hosts = self.dir / "etc-hosts"
         self.resolv = self.dir / "resolv.conf"
         domain = self.node.cluster_domain
