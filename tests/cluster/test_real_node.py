@@ -212,6 +212,9 @@ def test_pod_reaches_a_service_by_dns_name_and_cluster_ip(kube, real_node, names
         time.sleep(0.5)
     else:
         raise AssertionError(f"EndpointSlice of web never listed the pod: {slices}")
+    # the API server's service proxy reaches the pod from the host (KubeRay's --use-kubernetes-proxy path)
+    proxied = kube.kubectl("get", "--raw", f"/api/v1/namespaces/{namespace}/services/web:http/proxy/index.html")
+    assert proxied.stdout == "served by web"
     client = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client", "namespace": namespace},
         "spec": {"restartPolicy": "Never", "containers": [{
