@@ -43,7 +43,7 @@ except OSError:
     secret_writable = False
 out = {k: os.environ.get(k) for k in ("PASSWORD", "GREETING", "POD_IP", "POD_NAME", "POD_NS", "MEM_LIMIT_MI",
                                       "CPU_REQUEST_M", "COMPOSED", "KUBERNETES_SERVICE_HOST")}
-out.update(eth0=ip_of_eth0(), hostname=socket.gethostname(), init=open("/work/init.txt").read().strip(),
+out.update(eth0=ip_of_eth0(), hostname=socket.gethostname(), init=open("/mnt/shared/init.txt").read().strip(),
            secret_file=open("/etc/creds/password").read(), secret_writable=secret_writable,
            token=os.path.exists(token), tmp=sorted(os.listdir("/tmp")))
 print(json.dumps(out))
@@ -60,8 +60,8 @@ def test_pod_with_init_container_env_and_secret_volume_succeeds(kube, real_node,
             "restartPolicy": "Never",
             "initContainers": [{
                 "name": "prepare", "image": "busybox",
-                "command": ["sh", "-c", 'touch /tmp/init-only; echo "init ran in $(hostname)" > /work/init.txt'],
-                "volumeMounts": [{"name": "work", "mountPath": "/work"}],
+                "command": ["sh", "-c", 'touch /tmp/init-only; echo "init ran in $(hostname)" > /mnt/shared/init.txt'],
+                "volumeMounts": [{"name": "work", "mountPath": "/mnt/shared"}],
             }],
             "containers": [{
                 "name": "main", "image": "python",
@@ -80,7 +80,7 @@ def test_pod_with_init_container_env_and_secret_volume_succeeds(kube, real_node,
                     {"name": "COMPOSED", "value": "$(GREETING)-$(POD_NAME)"},
                 ],
                 "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
-                "volumeMounts": [{"name": "work", "mountPath": "/work"},
+                "volumeMounts": [{"name": "work", "mountPath": "/mnt/shared"},
                                  {"name": "creds", "mountPath": "/etc/creds", "readOnly": True}],
             }],
             "volumes": [{"name": "work", "emptyDir": {}}, {"name": "creds", "secret": {"secretName": "creds"}}],
@@ -102,6 +102,8 @@ def test_pod_with_init_container_env_and_secret_volume_succeeds(kube, real_node,
         "secret_file": "s3cret", "secret_writable": False, "token": True, "tmp": [],
     }
     assert pod_ip != done["status"]["hostIP"] == real_node.info["gateway"]
+    # mount points that do not exist on this machine were made in the containers' namespaces only
+    assert not Path("/mnt/shared").exists() and not Path("/var/run/secrets/kubernetes.io").exists()
     assert json.loads(real_node.container_log(namespace, "wiring", "main")) == out
     conditions = {c["type"]: c for c in done["status"]["conditions"]}
     assert conditions["Initialized"]["status"] == "True"
@@ -123,14 +125,14 @@ def test_failing_container_reports_exit_code_and_failed_phase(kube, real_node, n
 
 def test_liveness_failure_restarts_the_container_and_readiness_gates_ready(kube, real_node, namespace):
     # first run: never healthy -> killed by the liveness probe; second run (the emptyDir remembers): healthy
-    script = "if [ -f /work/ran ]; then touch /tmp/healthy; else touch /work/ran; fi; exec sleep 600"
+    script = "if [ -f /mnt/shared/ran ]; then touch /tmp/healthy; else touch /mnt/shared/ran; fi; exec sleep 600"
     probe = {"exec": {"command": ["test", "-f", "/tmp/healthy"]}, "periodSeconds": 1, "failureThreshold": 2}
     kube.kubectl("create", "-f", "-", input=json.dumps({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "flaky", "namespace": namespace},
         "spec": {"terminationGracePeriodSeconds": 3, "containers": [{
             "name": "app", "image": "x", "command": ["sh", "-c", script],
             "livenessProbe": probe, "readinessProbe": {**probe, "failureThreshold": 1},
-            "volumeMounts": [{"name": "work", "mountPath": "/work"}]}],
+            "volumeMounts": [{"name": "work", "mountPath": "/mnt/shared"}]}],
             "volumes": [{"name": "work", "emptyDir": {}}]}}))
     ready = real_node.wait_for_pod(namespace, "flaky", lambda p: any(
         c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", [])),
