@@ -1,0 +1,1 @@
+"""The test node: a small kubelet + kube-proxy stand-in that runs pods as processes (see README.md)."""
