@@ -5,7 +5,9 @@ all-MiniLM-L6-v2 at the same batch size on the same CPUs. (c) includes the Postg
 writes (an embedded pgserver in a temp dir). "steady" excludes process start and model
 load (first batch start to last batch end / last commit); "wall" includes them.
 
-    HF_HUB_OFFLINE=1 python bench/throughput.py [--texts 4000] [--batch-size 32] [--cpus 2]
+    HF_HUB_OFFLINE=1 python bench/throughput.py [--texts 4000] [--batch-size 32] [--cpus 2] [--rounds 3]
+
+The contenders alternate in each round (bench/rounds.py); the table gives medians and ranges.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import os
 import tempfile
 import time
 from pathlib import Path
+
+from rounds import ratio, report, run_rounds
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "data" / "pep-paragraphs.jsonl"
@@ -120,27 +124,36 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=4000)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     records = first_records(args.texts)
     texts = [r["text"] for r in records]
-    print(f"{len(texts)} PEP paragraphs, batch size {args.batch_size}, {args.cpus} CPUs")
-
-    a = plain_encode(texts, args.batch_size, args.cpus)
-    print(f"(a) sentence-transformers encode, one process: {a:8.1f} texts/s (steady)", flush=True)
+    print(f"{len(texts)} PEP paragraphs, batch size {args.batch_size}, {args.cpus} CPUs, {args.rounds} rounds")
 
     import ray
 
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    try:
-        b_steady, b_wall = ray_data(records, args.batch_size, args.cpus)
-        print(f"(b) Ray Data map_batches:   {b_steady:8.1f} texts/s steady, {b_wall:8.1f} wall", flush=True)
+
+    def driver() -> dict[str, float]:
         with tempfile.TemporaryDirectory() as tmp:
-            c_steady, c_wall = embedjob_driver(records, args.batch_size, args.cpus, Path(tmp))
-        print(f"(c) embedjob driver + PostgreSQL: {c_steady:8.1f} texts/s steady, {c_wall:8.1f} wall")
+            steady, wall = embedjob_driver(records, args.batch_size, args.cpus, Path(tmp))
+        return {"steady": steady, "wall": wall}
+
+    try:
+        results = run_rounds({
+            "(a) sentence-transformers encode": lambda: plain_encode(texts, args.batch_size, args.cpus),
+            "(b) Ray Data map_batches": lambda: dict(zip(("steady", "wall"),
+                                                         ray_data(records, args.batch_size, args.cpus))),
+            "(c) embedjob driver + PostgreSQL": driver,
+        }, rounds=args.rounds)
     finally:
         ray.shutdown()
-    print(f"(c)/(a) = {c_steady / a:.2f} (target >= 0.9)")
-    print(f"(c)/(b) = {c_steady / b_steady:.2f} steady, {c_wall / b_wall:.2f} wall (target >= 2.0)")
+    a, b, c = "(a) sentence-transformers encode", "(b) Ray Data map_batches", "(c) embedjob driver + PostgreSQL"
+    print(report(results, unit="texts/s", ratios={
+        "(c)/(a), steady": ratio(results, f"{c} steady", a),
+        "(c)/(b), steady": ratio(results, f"{c} steady", f"{b} steady"),
+        "(c)/(b), wall": ratio(results, f"{c} wall", f"{b} wall"),
+    }))
 
 
 if __name__ == "__main__":
