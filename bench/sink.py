@@ -5,7 +5,9 @@ COPY into the staging table, one merge. Three passes over the same keys: fresh i
 an identical re-write (a re-run: the merge skips unchanged rows) and a re-write with
 changed texts (every row updated).
 
-    python bench/sink.py [--rows 100000]
+    python bench/sink.py [--rows 100000] [--rounds 3]
+
+Each round starts a fresh database; the table gives each pass's median and range.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from rounds import report, run_rounds
 
 from embedjob_worker.records import Record
 from embedjob_worker.sink import AttemptRow, BatchOutcome, PostgresSink, content_salt, now
@@ -44,10 +47,8 @@ def timed_pass(sink: PostgresSink, run_id: str, batches: list[BatchOutcome]) -> 
     return sum(len(b.records) for b in batches) / (time.perf_counter() - started)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=100_000)
-    args = parser.parse_args()
+def one_round(rows: int) -> dict[str, float]:
+    """A fresh database; the three passes in rows/s."""
     import pgserver
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -57,14 +58,25 @@ def main() -> None:
             sink.migrate()
             sink.ensure_vectors_table(DIM)
             run = sink.start_run("sink", "bench", "m", "r", "input", "config", new_run=False)
-            fresh = outcomes(args.rows, "v1")
-            print(f"{args.rows} rows of vector({DIM}), {BATCH_ROWS} rows/batch, {GROUP_BATCHES} batches/transaction")
-            print(f"insert (new rows):          {timed_pass(sink, run.run_id, fresh):9.0f} rows/s")
-            print(f"re-write, unchanged rows:   {timed_pass(sink, run.run_id, fresh):9.0f} rows/s")
-            print(f"re-write, changed texts:    {timed_pass(sink, run.run_id, outcomes(args.rows, 'v2')):9.0f} rows/s")
+            fresh = outcomes(rows, "v1")
+            figures = {
+                "insert (new rows)": timed_pass(sink, run.run_id, fresh),
+                "re-write, unchanged rows": timed_pass(sink, run.run_id, fresh),
+                "re-write, changed texts": timed_pass(sink, run.run_id, outcomes(rows, "v2")),
+            }
             sink.close()
+            return figures
         finally:
             server.cleanup()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print(f"{args.rows} rows of vector({DIM}), {BATCH_ROWS} rows/batch, {GROUP_BATCHES} batches/transaction")
+    print(report(run_rounds({"sink": lambda: one_round(args.rows)}, rounds=args.rounds), unit="rows/s"))
 
 
 if __name__ == "__main__":
