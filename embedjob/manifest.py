@@ -8,12 +8,26 @@ config the operator hands it with `check_envelope`. The spec itself is parsed by
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from embedjob.api import API_VERSION, KIND, SpecError
+
+# What the API server accepts as a custom resource's name (an RFC 1123 subdomain) and as
+# a namespace (an RFC 1123 label); a local run refuses what a cluster would.
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+_LABEL = re.compile(_DNS_LABEL)
+
+
+def _name_problem(value: Any, pattern: re.Pattern, limit: int, rule: str) -> str | None:
+    if isinstance(value, str) and pattern.fullmatch(value) and len(value) <= limit:
+        return None
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    return f"must be {rule}, starting and ending with a letter or digit, at most {limit} characters; got {shown}"
 
 
 def check_envelope(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -23,8 +37,16 @@ def check_envelope(manifest: dict[str, Any]) -> dict[str, Any]:
         problems.append(("apiVersion", f"must be {API_VERSION}, got {manifest.get('apiVersion')!r}"))
     if manifest.get("kind") != KIND:
         problems.append(("kind", f"must be {KIND}, got {manifest.get('kind')!r}"))
-    if not isinstance(manifest.get("metadata"), dict) or not manifest["metadata"].get("name"):
+    metadata = manifest.get("metadata")
+    if not isinstance(metadata, dict) or not metadata.get("name"):
         problems.append(("metadata.name", "is required"))
+    else:
+        for field, pattern, limit, rule in (
+            ("name", _SUBDOMAIN, 253, "a lowercase RFC 1123 subdomain (a-z, 0-9, '-' and '.')"),
+            ("namespace", _LABEL, 63, "a lowercase RFC 1123 label (a-z, 0-9 and '-')"),
+        ):
+            if field in metadata and (problem := _name_problem(metadata[field], pattern, limit, rule)):
+                problems.append((f"metadata.{field}", problem))
     if not isinstance(manifest.get("spec"), dict):
         problems.append(("spec", "is required"))
     if problems:

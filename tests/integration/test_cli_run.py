@@ -20,7 +20,24 @@ def test_embedjob_run_then_search(tmp_path, database_url):
 
     found = run([*EMBEDJOB, "search", str(path), "the purpose of a PEP", "-k", "3", "--database-url", database_url])
     assert found.returncode == 0, found.stderr
-    hits = found.stdout.strip().splitlines()
-    assert len(hits) == 3
+    header, *hits = found.stdout.strip().splitlines()
+    assert header == "distance  id  snippet" and len(hits) == 3
     distance, record_id, _ = hits[0].split(maxsplit=2)
     assert record_id.startswith("pep-0001-") and 0 <= float(distance) < 0.6
+    assert "Loading weights" not in found.stderr and "XDG_RUNTIME_DIR" not in found.stderr
+
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({**manifest("peps.jsonl"), "metadata": {"name": "other"}} | {
+        "spec": {**manifest("peps.jsonl")["spec"], "sink": {"databaseSecretRef": {"name": "db"}, "collection": "none"}}}))
+    empty = run([*EMBEDJOB, "search", str(other), "anything", "--database-url", database_url])
+    assert empty.returncode == 1 and empty.stdout == ""
+    assert "no vectors in collection 'none' of table embeddings" in empty.stderr
+
+
+def test_a_missing_source_file_is_a_refused_job_not_a_traceback(tmp_path, database_url):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest("does-not-exist.jsonl")))
+    result = run([*EMBEDJOB, "run", str(path), "--database-url", database_url])
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "SourceUnavailable" in result.stdout and "does-not-exist.jsonl" in result.stdout

@@ -27,6 +27,16 @@ def test_a_manifest_with_bad_fields_exits_2_naming_the_fields(tmp_path):
     assert "spec.batching.batchSize: Input should be greater than or equal to 1" in entrypoint.stderr
 
 
+def test_names_the_api_server_would_refuse_are_refused_locally(tmp_path):
+    for metadata, field in (({"name": "Quick_Start"}, "metadata.name"),
+                            ({"name": "ok", "namespace": "Team.A"}, "metadata.namespace")):
+        path = tmp_path / "job.yaml"
+        path.write_text(yaml.safe_dump({**manifest("in.jsonl"), "metadata": metadata}))
+        result = run([*EMBEDJOB, "run", str(path)])
+        assert result.returncode == 2, result.stderr
+        assert f"{field}: must be a lowercase RFC 1123" in result.stderr
+
+
 def test_cluster_mode_fails_fast_on_an_unreachable_ray_and_starts_no_local_ray(tmp_path):
     ray_tmp = tmp_path / "ray"
     ray_tmp.mkdir()

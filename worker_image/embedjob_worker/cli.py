@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
+import warnings
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -23,6 +25,15 @@ from .errors import Unreachable  # noqa: E402
 from .logs import configure_logging, mask_url  # noqa: E402
 
 SNIPPET_CHARS = 100
+# Ray announces token authentication on every local start; a one-machine Ray on loopback
+# is what `embedjob run` always starts, so the notice says nothing to act on.
+_RAY_TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _quiet_third_party_notices() -> None:
+    # pgserver asks platformdirs for a runtime dir, which warns when XDG_RUNTIME_DIR is unset.
+    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+    logging.getLogger(_RAY_TOKEN_NOTICE_LOGGER).setLevel(logging.ERROR)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _quiet_third_party_notices()
     try:
         config = JobConfig.from_file(args.manifest)
     except (SpecError, OSError) as exc:
@@ -86,13 +98,19 @@ def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     spec = config.spec
-    total = count_records(resolve_uri(spec.source.uri, config.base_dir), spec.source.format)
+    try:
+        total = count_records(resolve_uri(spec.source.uri, config.base_dir), spec.source.format)
+    except OSError:
+        total = None  # the driver refuses the job with SourceUnavailable and says why
+    # Until the input has been read through, the batch count is estimated from the records.
+    estimate = f"~{math.ceil(total / spec.batching.batch_size)}" if total else "?"
     print(f"embedjob: {config.name}: {spec.source.uri} -> {mask_url(url)} table {spec.sink.table}, "
           f"collection {spec.sink.collection}", file=sys.stderr)
     with tqdm(total=total, unit="rec", desc=config.name, dynamic_ncols=True) as bar:
         def show(counters: RunCounters) -> None:
             bar.update(counters.records_embedded + counters.records_failed - bar.n)
-            batches = f"{counters.batches_succeeded + counters.batches_failed}/{counters.batches_total or '?'}"
+            known = counters.batches_total if counters.batches_total is not None else estimate
+            batches = f"{counters.batches_succeeded + counters.batches_failed}/{known}"
             bar.set_postfix(batches=batches, texts_s=counters.texts_per_second, refresh=False)
 
         options = DriverOptions(new_run=args.new_run, metrics=metrics, on_progress=show,
@@ -125,9 +143,11 @@ def _print_summary(summary) -> None:
 
 def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     import sqlalchemy as sa
+    from transformers.utils import logging as transformers_logging
 
     from .model import load_model, resolve_model
 
+    transformers_logging.disable_progress_bar()  # no "Loading weights" bar before the answer
     resolved = resolve_model(config.spec.model)
     model = load_model(resolved, device="cpu")
     query = model.encode([args.query], normalize_embeddings=True, convert_to_numpy=True)[0]
@@ -147,6 +167,12 @@ def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
         return ExitCode.JOB_FAILED
     finally:
         engine.dispose()
+    sink = config.spec.sink
+    if not rows:
+        print(f"embedjob: no vectors in collection {sink.collection!r} of table {sink.table} for "
+              f"{resolved.name}@{resolved.revision}: run `embedjob run {args.manifest}` first", file=sys.stderr)
+        return ExitCode.JOB_FAILED
+    print("distance  id  snippet")  # cosine distance: 0 is the same direction, 2 the opposite
     for record_id, distance, text in rows:
         snippet = " ".join(text.split())
         snippet = snippet if len(snippet) <= SNIPPET_CHARS else snippet[: SNIPPET_CHARS - 1] + "…"
