@@ -75,8 +75,8 @@ class Dispatcher:
         max_in_flight = self.spec.batching.max_in_flight
         source_done = False
         while True:
-            if writer.error is not None:
-                raise JobFailed("DatabaseUnavailable", f"writing to the database failed: {writer.error}")
+            if (write_failure := writer.failure()) is not None:
+                raise write_failure
             while self.failure is None and len(self._in_flight) + writer.uncommitted < max_in_flight:
                 if self._retries and self._retries[0][0] <= time.monotonic():
                     self._submit(heapq.heappop(self._retries)[2])

@@ -75,7 +75,15 @@ class JobRun:
         log_event(log, "run_started", job=self.config.job_key, run=start.run_id, resumed=start.resumed,
                   model=resolved.name, revision=resolved.revision, source=uri)
         try:
-            self._embed(resolved, uri, batch_key(input_fp, config_fp), start.run_id)
+            failure = self._embed(resolved, uri, batch_key(input_fp, config_fp), start.run_id)
+        except Unreachable:
+            self.sink.close()
+            raise
+        except Exception as exc:  # noqa: BLE001 - unforeseen: the run still ends failed, with the reason
+            log.exception("unforeseen error in run %s", start.run_id)
+            failure = JobFailed("InternalError", f"{type(exc).__name__}: {exc}"[:4000])
+        try:
+            self._finish(start.run_id, failure)
         finally:
             self.sink.close()
         return self.summary
@@ -96,7 +104,8 @@ class JobRun:
                                        failure.reason, str(failure))
         raise failure
 
-    def _embed(self, resolved: ResolvedModel, uri: str, key: str, run_id: str) -> None:
+    def _embed(self, resolved: ResolvedModel, uri: str, key: str, run_id: str) -> JobFailed | None:
+        """Embed and write every batch still to do; why the run failed, or None."""
         spec = self.spec
         done_before = self.sink.succeeded_batches()
         cluster = shared_cluster(self.config)
@@ -119,9 +128,7 @@ class JobRun:
                 failure = dispatcher.failure
             except JobFailed as exc:
                 failure = exc
-        if writer.error is not None:
-            failure = JobFailed("DatabaseUnavailable", f"writing to the database failed: {writer.error}")
-        self._finish(run_id, failure)
+        return writer.failure() or failure
 
     def _dispatcher(self, actors: ActorSet, resolved: ResolvedModel, skipping: int) -> Dispatcher:
         """Once every actor has loaded the job's model: the vectors table, and the dispatcher."""

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .errors import DB_ERRORS, backoff_seconds
+from .errors import DB_ERRORS, JobFailed, backoff_seconds
 from .logs import log_event
 from .records import BadRecord
 from .sink import HEARTBEAT_S, AttemptRow, BatchOutcome, PostgresSink, now
@@ -60,6 +60,15 @@ class SinkWriter:
     def put_bad_records(self, bad_records: list[BadRecord]) -> None:
         if bad_records:
             self._queue.put(_BadRecords(tuple(bad_records)))
+
+    def failure(self) -> JobFailed | None:
+        """Why writing failed for good: the database was lost, or a write the driver did not foresee failed."""
+        if self.error is None:
+            return None
+        if isinstance(self.error, DB_ERRORS):
+            return JobFailed("DatabaseUnavailable", f"writing to the database failed: {self.error}")
+        return JobFailed("InternalError", f"writing to the database failed: {type(self.error).__name__}: "
+                                          f"{self.error}"[:4000])
 
     def wait_for_commit(self, timeout: float) -> None:
         with self._changed:

@@ -1,0 +1,60 @@
+"""The driver against hostile input, unforeseen errors, changed configs, hung actors and a second driver."""
+
+import logging
+
+import pytest
+import ray
+
+from embedjob_worker import feed
+from embedjob_worker.config import JobConfig
+from embedjob_worker.run import DriverOptions, run_job
+from support.driver_jobs import corpus_lines, manifest, write_input
+from support.hostile import OK, hostile_jsonl_bytes, hostile_jsonl_entries
+from support.manifests import merged
+from support.sql import query
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def test_the_hostile_catalogue_embeds_every_valid_record_once_and_records_every_bad_one(
+        ray_address, database_url, tmp_path):
+    entries = hostile_jsonl_entries()
+    source = tmp_path / "hostile.jsonl"
+    source.write_bytes(hostile_jsonl_bytes(entries))
+    summary = run_job(JobConfig.from_manifest(manifest(source, "hostile", batch_size=16)), database_url)
+    assert summary.state == "succeeded", summary.error
+    rows = query(database_url, "SELECT record_id, count(*) FROM embeddings GROUP BY record_id")
+    assert all(count == 1 for _, count in rows)
+    valid_positions = [i for i, (_, _, expected) in enumerate(entries) if expected == OK]
+    assert len(rows) == len(valid_positions)
+    errors = query(database_url, "SELECT position, reason FROM embedjob_record_errors WHERE reason <> 'truncated'")
+    expected_errors = {i: expected.value for i, (_, _, expected) in enumerate(entries) if expected != OK}
+    assert dict(errors) == expected_errors and len(errors) == len(expected_errors)
+    truncated = query(database_url, "SELECT position FROM embedjob_record_errors WHERE reason = 'truncated'")
+    assert {p for (p,) in truncated} <= set(valid_positions)
+    run = query(database_url, "SELECT state, records_embedded, records_failed FROM embedjob_runs")
+    assert [tuple(r) for r in run] == [("succeeded", len(valid_positions), len(expected_errors))]
+
+
+def test_an_unforeseen_exception_ends_the_run_failed_with_its_type(ray_address, database_url, tmp_path,
+                                                                     monkeypatch):
+    source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 40))
+    real_make_batches = feed.make_batches
+
+    def make_batches_then_fail(*args, **kwargs):
+        yield next(real_make_batches(*args, **kwargs))
+        raise RecursionError("maximum recursion depth exceeded (injected)")
+
+    monkeypatch.setattr(feed, "make_batches", make_batches_then_fail)
+    summary = run_job(JobConfig.from_manifest(manifest(source, "unforeseen", batch_size=16)), database_url)
+    assert (summary.state, summary.reason) == ("failed", "InternalError")
+    run = query(database_url, "SELECT state, reason, error, finished_at FROM embedjob_runs")
+    assert len(run) == 1 and (run[0].state, run[0].reason) == ("failed", "InternalError")
+    assert run[0].error.startswith("RecursionError: maximum recursion depth") and run[0].finished_at is not None
