@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.types import UserDefinedType
 
 metadata = sa.MetaData()
@@ -49,6 +50,9 @@ runs = sa.Table(
     sa.Column("revision", sa.String(128), nullable=False),
     sa.Column("input_fingerprint", sa.String(64), nullable=False),
     sa.Column("config_fingerprint", sa.String(64), nullable=False),
+    # What config_fingerprint hashes, field by field (spec paths, e.g. "sink.collection"), so
+    # a refused re-run names the fields that changed; NULL for runs older than migration 0003.
+    sa.Column("identity", postgresql.JSONB),
     sa.Column("state", sa.String(16), nullable=False),  # running | succeeded | failed
     # The run's counters: one column per field of api.RunCounters (tests/test_db.py checks),
     # nullable where the field may be unknown.

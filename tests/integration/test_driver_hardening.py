@@ -58,3 +58,28 @@ def test_an_unforeseen_exception_ends_the_run_failed_with_its_type(ray_address, 
     run = query(database_url, "SELECT state, reason, error, finished_at FROM embedjob_runs")
     assert len(run) == 1 and (run[0].state, run[0].reason) == ("failed", "InternalError")
     assert run[0].error.startswith("RecursionError: maximum recursion depth") and run[0].finished_at is not None
+
+
+def test_a_changed_collection_is_refused_by_name_and_written_whole_with_new_run(ray_address, database_url, tmp_path):
+    source = write_input(tmp_path / "peps.jsonl", corpus_lines(100, 40))
+    first = manifest(source, "moving", batch_size=16)
+    assert run_job(JobConfig.from_manifest(first), database_url).state == "succeeded"
+    written = query(database_url, "SELECT count(*) FROM embeddings WHERE collection = 'moving'")[0][0]
+    assert written > 30
+    first_run = query(database_url, "SELECT run_id FROM embedjob_runs")[0][0]
+
+    moved = JobConfig.from_manifest(merged(first, {"spec": {"sink": {"collection": "moved"},
+                                                            "model": {"normalize": False}}}))
+    refused = run_job(moved, database_url)
+    assert (refused.state, refused.reason) == ("failed", "InputChanged")
+    assert "model.normalize changed from True to False" in refused.error
+    assert f"sink.collection changed from 'moving' to 'moved' since run {first_run}" in refused.error
+    assert "--new-run" in refused.error and "input changed" not in refused.error
+    assert query(database_url, "SELECT count(*) FROM embeddings WHERE collection = 'moved'")[0][0] == 0
+
+    anew = run_job(moved, database_url, DriverOptions(new_run=True))
+    assert anew.state == "succeeded" and anew.batches_skipped == 0
+    assert query(database_url, "SELECT count(*) FROM embeddings WHERE collection = 'moved'")[0][0] == written
+    # Back to the first settings: the first run's identity again, so nothing is embedded twice.
+    again = run_job(JobConfig.from_manifest(first), database_url)
+    assert again.state == "failed" and "sink.collection changed from 'moved' to 'moving'" in again.error

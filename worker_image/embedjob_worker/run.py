@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from embedjob.api import RunCounters
 
 from .batching import batch_key
-from .config import JobConfig, config_fingerprint
+from .config import JobConfig, config_fingerprint, run_identity
 from .dispatch import Dispatcher
 from .errors import DB_ERRORS, JobFailed, Unreachable
 from .feed import batches_to_embed
@@ -64,9 +64,10 @@ class JobRun:
             raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
         try:
             resolved, uri, input_fp = self._resolve_inputs()
-            config_fp = config_fingerprint(self.spec, resolved.revision)
+            identity = run_identity(self.spec, resolved.revision)
+            config_fp = config_fingerprint(identity)
             start = self.sink.start_run(self.config.name, self.config.namespace, resolved.name, resolved.revision,
-                                        input_fp, config_fp, self.options.new_run)
+                                        input_fp, config_fp, self.options.new_run, identity)
         except JobFailed as failure:
             log_event(log, "job_refused", logging.ERROR, reason=failure.reason, error=str(failure))
             self.summary.state, self.summary.reason, self.summary.error = "failed", failure.reason, str(failure)

@@ -21,6 +21,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from embedjob import db
 
+from .config import identity_changes
 from .errors import JobFailed
 from .records import BadRecord, Record
 
@@ -136,8 +137,9 @@ class PostgresSink:
                             f"table {self.table} holds vector({existing}) but the model gives {dim} dimensions")
 
     def start_run(self, job_name: str, namespace: str, model: str, revision: str, input_fp: str, config_fp: str,
-                  new_run: bool) -> RunStart:
-        """Resume the job's run over the same input and config, or start one; refuse a changed input."""
+                  new_run: bool, identity: dict | None = None) -> RunStart:
+        """Resume the job's run over the same input and config (`identity`, hashed as `config_fp`), or start one;
+        refuse a changed input or config, naming what changed."""
         runs = db.runs
         self.model, self.revision = model, revision
         refused = None
@@ -145,7 +147,7 @@ class PostgresSink:
             # Two drivers of the same job (an overlapping RayJob retry) must not both start a run.
             conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.JOB_LOCK), {"name": self.job_key})
             latest = conn.execute(
-                sa.select(runs.c.run_id, runs.c.input_fingerprint, runs.c.config_fingerprint)
+                sa.select(runs.c.run_id, runs.c.input_fingerprint, runs.c.config_fingerprint, runs.c.identity)
                 .where(runs.c.job_key == self.job_key)
                 .where(sa.or_(runs.c.reason.is_(None), runs.c.reason.not_in(REFUSED_START_REASONS)))
                 .order_by(runs.c.started_at.desc()).limit(1)
@@ -155,29 +157,40 @@ class PostgresSink:
                     conn.execute(runs.update().where(runs.c.run_id == latest.run_id).values(
                         state="running", reason=None, error=None, finished_at=None, heartbeat_at=sa.func.now()))
                     return RunStart(latest.run_id, resumed=True)
-                what = "input" if latest.input_fingerprint != input_fp else "batching/model config"
-                refused = (f"the {what} changed since run {latest.run_id}; the vectors written so far came from the "
-                           f"old one. Start a new run (embedjob run --new-run, or the driver's --new-run) to embed "
-                           f"the new {what}")
+                refused = self._refusal(latest, input_fp, config_fp, identity)
             run_id = self._insert_run(conn, job_name, namespace, input_fp, config_fp, refused and "InputChanged",
-                                      refused)
+                                      refused, identity)
         if refused:
             raise JobFailed("InputChanged", refused)
         return RunStart(run_id, resumed=False)
+
+    @staticmethod
+    def _refusal(latest: sa.Row, input_fp: str, config_fp: str, identity: dict | None) -> str:
+        """Why a re-run may not resume run `latest`: the input changed, or the named config fields did."""
+        changes = []
+        if latest.input_fingerprint != input_fp:
+            changes.append("the input changed (its URI, size or modification time)")
+        if latest.config_fingerprint != config_fp:
+            changes += (identity_changes(latest.identity, identity) if latest.identity and identity else
+                        ["the batching/model/sink config changed (the fields are not recorded for that run)"])
+        return (f"{'; '.join(changes)} since run {latest.run_id}; its vectors and batches belong to the old "
+                f"settings, so nothing is skipped or mixed. Pass --new-run (embedjob run --new-run, or the "
+                f"driver's --new-run) to start a new run with the new ones")
 
     def record_refused_start(self, job_name: str, namespace: str, model: str, reason: str, error: str) -> None:
         """A run that could not start (no model, no input): a failed run row that says why."""
         self.model, self.revision = model, ""
         with self.engine.begin() as conn:
-            self._insert_run(conn, job_name, namespace, "", "", reason, error)
+            self._insert_run(conn, job_name, namespace, "", "", reason, error, None)
 
     def _insert_run(self, conn: sa.Connection, job_name: str, namespace: str, input_fp: str, config_fp: str,
-                    reason: str | None, error: str | None) -> str:
+                    reason: str | None, error: str | None, identity: dict | None) -> str:
         run_id = str(uuid.uuid4())
         conn.execute(db.runs.insert().values(
             run_id=run_id, job_key=self.job_key, job_name=job_name, namespace=namespace,
             collection=self.collection, vectors_table=self.table, model=self.model, revision=self.revision,
-            input_fingerprint=input_fp, config_fingerprint=config_fp, state="failed" if reason else "running",
+            input_fingerprint=input_fp, config_fingerprint=config_fp, identity=identity,
+            state="failed" if reason else "running",
             reason=reason, error=error, finished_at=sa.func.now() if reason else None))
         return run_id
 
