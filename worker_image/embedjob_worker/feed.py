@@ -14,14 +14,18 @@ from .records import BadRecord, RawRecord, Record, classify_records
 from .source import read_records
 from .tally import RunTally
 
+# Bad records are handed to the writer at least every this many, valid batches or not: a
+# wrong textField (every record bad) must not hold the whole input in memory.
+BAD_RECORDS_GROUP = 1000
+
 
 def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: dict[str, int], tally: RunTally,
                      metrics: DriverMetrics, on_bad_records: Callable[[list[BadRecord]], None]) -> Iterator[Batch]:
     """Stream the batches of valid records (batch ids derive from `key`), skipping those in
     `done_before` (batch id -> records embedded by an earlier session of the job).
 
-    Bad records go to `on_bad_records` as they turn up, before the next batch; once the
-    input has been read through, the tally learns its totals.
+    Bad records go to `on_bad_records` before the next batch, or once BAD_RECORDS_GROUP of
+    them have piled up; once the input has been read through, the tally learns its totals.
     """
     bad: list[BadRecord] = []
     positions = itertools.count()
@@ -34,6 +38,8 @@ def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: di
                     yield item
                 case BadRecord():
                     bad.append(item)
+                    if len(bad) >= BAD_RECORDS_GROUP:
+                        hand_over_bad()
 
     def hand_over_bad() -> None:
         if bad:
