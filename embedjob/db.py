@@ -120,6 +120,17 @@ record_errors = sa.Table(
     _ts("created_at", nullable=False, server_default=sa.func.now()),
 )
 
+# Each record id a running run has read, with the position of its first occurrence: the
+# driver asks PostgreSQL which records are duplicates instead of keeping every id in memory.
+# Deleted when the run finishes (a resumed run rebuilds the same rows from the same input).
+seen_ids = sa.Table(
+    "embedjob_seen_ids",
+    metadata,
+    sa.Column("run_id", sa.String(36), sa.ForeignKey(runs.c.run_id, ondelete="CASCADE"), primary_key=True),
+    sa.Column("record_id", sa.Text, primary_key=True),
+    sa.Column("position", sa.BigInteger, nullable=False),
+)
+
 
 # One row per job that uses a detached actor pool on a shared Ray cluster
 # (spec.clusterSelector). A lease is live while it is not released and its heartbeat is

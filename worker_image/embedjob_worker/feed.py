@@ -10,7 +10,7 @@ from embedjob.api import EmbeddingJobSpec
 from .batching import Batch, make_batches
 from .errors import JobFailed
 from .metrics import DriverMetrics
-from .records import BadRecord, RawRecord, Record, classify_records
+from .records import BadRecord, IdRegistry, RawRecord, Record, classify_records
 from .source import read_records
 from .tally import RunTally
 
@@ -20,9 +20,11 @@ BAD_RECORDS_GROUP = 1000
 
 
 def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: dict[str, int], tally: RunTally,
-                     metrics: DriverMetrics, on_bad_records: Callable[[list[BadRecord]], None]) -> Iterator[Batch]:
+                     metrics: DriverMetrics, on_bad_records: Callable[[list[BadRecord]], None],
+                     ids: IdRegistry | None = None) -> Iterator[Batch]:
     """Stream the batches of valid records (batch ids derive from `key`), skipping those in
-    `done_before` (batch id -> records embedded by an earlier session of the job).
+    `done_before` (batch id -> records embedded by an earlier session of the job). `ids`
+    decides duplicate ids (records.classify_records; the driver's keeps them in PostgreSQL).
 
     Bad records go to `on_bad_records` before the next batch, or once BAD_RECORDS_GROUP of
     them have piled up; once the input has been read through, the tally learns its totals.
@@ -31,7 +33,7 @@ def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: di
     positions = itertools.count()
 
     def valid(raw_records: Iterable[RawRecord]) -> Iterator[Record]:
-        for item in classify_records(raw_records):
+        for item in classify_records(raw_records, ids):
             next(positions)
             match item:
                 case Record():

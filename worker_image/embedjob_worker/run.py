@@ -28,6 +28,7 @@ from .logs import log_event
 from .metrics import DriverMetrics
 from .model import ResolvedModel, resolve_model
 from .pools import pool_name, shared_cluster
+from .seen_ids import SeenIds
 from .sink import PostgresSink, content_salt
 from .source import input_fingerprint, resolve_uri
 from .tally import RunSummary, RunTally
@@ -124,7 +125,7 @@ class JobRun:
             try:
                 dispatcher = self._dispatcher(actors, resolved, len(done_before))
                 batches = batches_to_embed(spec, uri, key, done_before, self.tally, self.metrics,
-                                           writer.put_bad_records)
+                                           writer.put_bad_records, SeenIds(self.sink.engine, run_id))
                 dispatcher.run(batches, writer, self._report)
                 failure = dispatcher.failure
             except JobFailed as exc:

@@ -244,7 +244,9 @@ class PostgresSink:
         } for o in outcomes for a in o.attempts])
 
     def finish_run(self, run_id: str, state: str, reason: str | None, error: str | None, counters: dict) -> None:
+        """The run's end, and its seen ids (seen_ids.SeenIds) go: a resumed run rebuilds them."""
         with self.engine.begin() as conn:
+            conn.execute(db.seen_ids.delete().where(db.seen_ids.c.run_id == run_id))
             conn.execute(db.runs.update().where(db.runs.c.run_id == run_id).values(
                 state=state, reason=reason, error=error, finished_at=sa.func.now(), heartbeat_at=sa.func.now(),
                 **counters))
