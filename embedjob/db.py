@@ -202,12 +202,26 @@ def engine_url(url: str | sa.URL) -> sa.URL:
     return parsed
 
 
+# Every engine the driver opens: connecting, any one statement and any lock wait (advisory
+# locks included) are bounded, so a database that hangs fails the job instead of stalling it.
+CONNECT_TIMEOUT_S = 10
+STATEMENT_TIMEOUT_S = 300
+LOCK_TIMEOUT_S = 60
+
+
+def create_engine(url: str | sa.URL, **kwargs) -> sa.Engine:
+    """An engine (psycopg 3) whose sessions have connect, statement and lock timeouts."""
+    options = f"-c statement_timeout={STATEMENT_TIMEOUT_S * 1000} -c lock_timeout={LOCK_TIMEOUT_S * 1000}"
+    return sa.create_engine(engine_url(url), connect_args={"connect_timeout": CONNECT_TIMEOUT_S,
+                                                           "options": options}, **kwargs)
+
+
 def migrate(url: str | sa.URL) -> None:
     """Bring the bookkeeping tables to the newest schema (idempotent, concurrency-safe)."""
     from alembic import command
     from alembic.config import Config
 
-    engine = sa.create_engine(engine_url(url))
+    engine = create_engine(url)
     try:
         with engine.begin() as conn:
             # Locked first: CREATE EXTENSION IF NOT EXISTS races too (two drivers of a new database).

@@ -46,6 +46,8 @@ class DriverOptions:
     on_progress: Callable[[RunCounters], None] | None = None
     fault_injection: dict | None = None
     workers_ready_timeout_s: float = 900.0
+    # A batch attempt without a result after max(this, 20 × the median batch latency) is hung.
+    hung_batch_floor_s: float = 60.0
 
 
 class JobRun:
@@ -144,7 +146,8 @@ class JobRun:
         log_event(log, "workers_ready", replicas=len(infos), load_seconds=round(self.summary.model_load_seconds, 2),
                   actors=",".join(i["actor_id"] for i in infos), dimension=infos[0]["dimension"], skipping=skipping)
         self.tally.start_embedding()
-        return Dispatcher(self.spec, actors, resolved, infos[0]["max_tokens"], self.metrics, self.summary)
+        return Dispatcher(self.spec, actors, resolved, infos[0]["max_tokens"], self.metrics, self.summary,
+                          self.options.hung_batch_floor_s)
 
     def _report(self) -> None:
         counters = self.tally.counters()

@@ -115,7 +115,7 @@ def copy_payload(outcomes: list[BatchOutcome], salt: bytes) -> bytes:
 class PostgresSink:
     def __init__(self, url: str, job_key: str, collection: str, table: str, salt: bytes):
         self.url = url
-        self.engine = sa.create_engine(db.engine_url(url), pool_pre_ping=True, pool_size=2)
+        self.engine = db.create_engine(url, pool_pre_ping=True, pool_size=2)
         self.job_key, self.collection, self.table, self.salt = job_key, collection, table, salt
         self.merge_sql = _MERGE_SQL.format(table=table)
         self.model = self.revision = None  # set by start_run
