@@ -1,6 +1,7 @@
 """The driver against hostile input, unforeseen errors, changed configs, hung actors and a second driver."""
 
 import logging
+import threading
 
 import pytest
 import ray
@@ -11,6 +12,7 @@ from embedjob_worker.run import DriverOptions, run_job
 from support.driver_jobs import corpus_lines, manifest, write_input
 from support.hostile import OK, hostile_jsonl_bytes, hostile_jsonl_entries
 from support.manifests import merged
+from support.polling import wait_until
 from support.sql import query
 
 pytestmark = pytest.mark.slow
@@ -96,3 +98,35 @@ def test_a_hung_actor_is_killed_replaced_and_its_batch_retried(ray_address, data
     timed_out = query(database_url, "SELECT outcome, reason FROM embedjob_batch_attempts WHERE reason LIKE 'Batch%'")
     assert len(timed_out) == 1 and timed_out[0].outcome == "retry"
     assert timed_out[0].reason.startswith("BatchTimeout: no result after 3s: the actor was killed and replaced")
+
+
+def batches_written(url: str) -> int:
+    if query(url, "SELECT to_regclass('embedjob_runs')")[0][0] is None:  # not migrated yet
+        return 0
+    return query(url, "SELECT coalesce(sum(batches_succeeded), 0) FROM embedjob_runs")[0][0]
+
+
+def test_a_second_driver_of_a_running_job_refuses_or_waits_and_the_counts_stay_exact(ray_address, database_url,
+                                                                                     tmp_path):
+    source = write_input(tmp_path / "peps.jsonl", corpus_lines(300, 160))
+    job = JobConfig.from_manifest(manifest(source, "twice", batch_size=16, max_in_flight=1))
+    first: list = []
+    runner = threading.Thread(target=lambda: first.append(run_job(job, database_url)))
+    runner.start()
+    wait_until("the first driver wrote a batch", lambda: batches_written(database_url), timeout=120)
+
+    refused = run_job(job, database_url, DriverOptions(job_lock_wait_s=1.0))
+    assert (refused.state, refused.reason, refused.run_id) == ("failed", "JobAlreadyRunning", None)
+    assert "another driver of job local/tests/twice holds its lock (run " in refused.error
+    assert runner.is_alive() and query(database_url, "SELECT count(*), min(state) FROM embedjob_runs")[0] == \
+        (1, "running")
+
+    waited = run_job(job, database_url)  # waits for the first driver, then finds every batch done
+    runner.join()
+    assert first[0].state == "succeeded" and waited.state == "succeeded"
+    assert waited.run_id == first[0].run_id and waited.batches_skipped == first[0].counters.batches_total
+    run = query(database_url, "SELECT state, batches_succeeded, batches_total, records_embedded FROM embedjob_runs")
+    assert len(run) == 1 and run[0].state == "succeeded" and run[0].batches_succeeded == run[0].batches_total
+    assert run[0].records_embedded == first[0].counters.records_embedded
+    assert query(database_url, "SELECT count(*) FROM embeddings")[0][0] == run[0].records_embedded
+    assert query(database_url, "SELECT count(*) FROM embedjob_batch_attempts")[0][0] == run[0].batches_total

@@ -48,6 +48,8 @@ class DriverOptions:
     workers_ready_timeout_s: float = 900.0
     # A batch attempt without a result after max(this, 20 × the median batch latency) is hung.
     hung_batch_floor_s: float = 60.0
+    # A second driver of a job waits this long for the first one's lock, then refuses (JobAlreadyRunning).
+    job_lock_wait_s: float = 600.0
 
 
 class JobRun:
@@ -62,10 +64,17 @@ class JobRun:
 
     def run(self) -> RunSummary:
         try:
+            return self._run()
+        finally:
+            self.sink.close()  # also releases the job's lock
+
+    def _run(self) -> RunSummary:
+        try:
             self.sink.migrate()
         except sa.exc.OperationalError as exc:
             raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
         try:
+            self.sink.lock_job(self.options.job_lock_wait_s)
             resolved, uri, input_fp = self._resolve_inputs()
             identity = run_identity(self.spec, resolved.revision)
             config_fp = config_fingerprint(identity)
@@ -81,15 +90,11 @@ class JobRun:
         try:
             failure = self._embed(resolved, uri, batch_key(input_fp, config_fp), start.run_id)
         except Unreachable:
-            self.sink.close()
             raise
         except Exception as exc:  # noqa: BLE001 - unforeseen: the run still ends failed, with the reason
             log.exception("unforeseen error in run %s", start.run_id)
             failure = JobFailed("InternalError", f"{type(exc).__name__}: {exc}"[:4000])
-        try:
-            self._finish(start.run_id, failure)
-        finally:
-            self.sink.close()
+        self._finish(start.run_id, failure)
         return self.summary
 
     def _resolve_inputs(self) -> tuple[ResolvedModel, str, str]:

@@ -10,7 +10,9 @@ that is unchanged (the merge skips rows whose content hash is the same).
 from __future__ import annotations
 
 import hashlib
+import logging
 import struct
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -23,6 +25,7 @@ from embedjob import db
 
 from .config import identity_changes
 from .errors import JobFailed
+from .logs import log_event
 from .records import BadRecord, Record
 
 _STAGING_DDL = (
@@ -40,6 +43,8 @@ SET content_hash = excluded.content_hash, embedding = excluded.embedding, text =
     job_key = excluded.job_key, batch_id = excluded.batch_id, updated_at = now()
 WHERE t.content_hash IS DISTINCT FROM excluded.content_hash
 """
+log = logging.getLogger("embedjob_worker.sink")
+_JOB_LOCK_POLL_S = 1.0
 # A live driver refreshes heartbeat_at (its run row, its pool lease) at least this often.
 HEARTBEAT_S = 5.0
 
@@ -119,6 +124,28 @@ class PostgresSink:
         self.job_key, self.collection, self.table, self.salt = job_key, collection, table, salt
         self.merge_sql = _MERGE_SQL.format(table=table)
         self.model = self.revision = None  # set by start_run
+        self._job_lock: sa.Connection | None = None  # holds the job's session-level advisory lock
+
+    def lock_job(self, wait_s: float) -> None:
+        """Take the job's advisory lock for this sink's life (released by close()): a second driver of
+        the job waits up to `wait_s` for the first to finish, then refuses (JobAlreadyRunning)."""
+        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")  # no transaction held open
+        try_lock = db.advisory_lock_sql("pg_try_advisory_lock", db.JOB_LOCK)
+        deadline, next_log = time.monotonic() + wait_s, 0.0
+        while not conn.execute(try_lock, {"name": self.job_key}).scalar_one():
+            if time.monotonic() >= deadline:
+                holder = conn.execute(sa.select(db.runs.c.run_id, db.runs.c.heartbeat_at)
+                                      .where(db.runs.c.job_key == self.job_key, db.runs.c.state == "running")
+                                      .order_by(db.runs.c.started_at.desc()).limit(1)).first()
+                conn.close()
+                raise JobFailed("JobAlreadyRunning", f"another driver of job {self.job_key} holds its lock"
+                                + (f" (run {holder.run_id}, heartbeat at {holder.heartbeat_at:%Y-%m-%dT%H:%M:%SZ})"
+                                   if holder else "") + f"; waited {wait_s:.0f}s. This driver writes nothing")
+            if time.monotonic() >= next_log:
+                log_event(log, "waiting_for_job_lock", job=self.job_key, wait_s=round(deadline - time.monotonic()))
+                next_log = time.monotonic() + 30.0
+            time.sleep(_JOB_LOCK_POLL_S)
+        self._job_lock = conn
 
     def migrate(self) -> None:
         db.migrate(self.url)
@@ -143,9 +170,7 @@ class PostgresSink:
         runs = db.runs
         self.model, self.revision = model, revision
         refused = None
-        with self.engine.begin() as conn:
-            # Two drivers of the same job (an overlapping RayJob retry) must not both start a run.
-            conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.JOB_LOCK), {"name": self.job_key})
+        with self.engine.begin() as conn:  # the driver holds the job's lock (lock_job) around this
             latest = conn.execute(
                 sa.select(runs.c.run_id, runs.c.input_fingerprint, runs.c.config_fingerprint, runs.c.identity)
                 .where(runs.c.job_key == self.job_key)
@@ -252,5 +277,9 @@ class PostgresSink:
                 **counters))
 
     def close(self) -> None:
+        if self._job_lock is not None:
+            self._job_lock.invalidate()  # really closes the session, and with it the lock (no pool reuse)
+            self._job_lock.close()
+            self._job_lock = None
         self.engine.dispose()
 
