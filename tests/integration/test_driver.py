@@ -1,7 +1,6 @@
 """The driver end to end: real Ray (one local session per module), the real model, real PostgreSQL."""
 
 import json
-import logging
 import os
 import re
 import signal
@@ -28,13 +27,6 @@ from embedjob_worker.source import read_records
 from embedjob_worker.workers import worker_actor_name
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
 
 
 def valid_ids(path: Path) -> set[str]:

@@ -1,10 +1,8 @@
 """The driver against hostile input, unforeseen errors, changed configs, hung actors and a second driver."""
 
-import logging
 import threading
 
 import pytest
-import ray
 
 from embedjob_worker import feed
 from embedjob_worker.config import JobConfig
@@ -16,13 +14,6 @@ from support.polling import wait_until
 from support.sql import query
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
 
 
 def test_the_hostile_catalogue_embeds_every_valid_record_once_and_records_every_bad_one(
