@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.types import UserDefinedType
 
 metadata = sa.MetaData()
@@ -49,6 +50,9 @@ runs = sa.Table(
     sa.Column("revision", sa.String(128), nullable=False),
     sa.Column("input_fingerprint", sa.String(64), nullable=False),
     sa.Column("config_fingerprint", sa.String(64), nullable=False),
+    # What config_fingerprint hashes, field by field (spec paths, e.g. "sink.collection"), so
+    # a refused re-run names the fields that changed; NULL for runs older than migration 0003.
+    sa.Column("identity", postgresql.JSONB),
     sa.Column("state", sa.String(16), nullable=False),  # running | succeeded | failed
     # The run's counters: one column per field of api.RunCounters (tests/test_db.py checks),
     # nullable where the field may be unknown.
@@ -114,6 +118,17 @@ record_errors = sa.Table(
     sa.Column("reason", sa.String(32), nullable=False),
     sa.Column("detail", sa.Text),
     _ts("created_at", nullable=False, server_default=sa.func.now()),
+)
+
+# Each record id a running run has read, with the position of its first occurrence: the
+# driver asks PostgreSQL which records are duplicates instead of keeping every id in memory.
+# Deleted when the run finishes (a resumed run rebuilds the same rows from the same input).
+seen_ids = sa.Table(
+    "embedjob_seen_ids",
+    metadata,
+    sa.Column("run_id", sa.String(36), sa.ForeignKey(runs.c.run_id, ondelete="CASCADE"), primary_key=True),
+    sa.Column("record_id", sa.Text, primary_key=True),
+    sa.Column("position", sa.BigInteger, nullable=False),
 )
 
 
@@ -187,12 +202,26 @@ def engine_url(url: str | sa.URL) -> sa.URL:
     return parsed
 
 
+# Every engine the driver opens: connecting, any one statement and any lock wait (advisory
+# locks included) are bounded, so a database that hangs fails the job instead of stalling it.
+CONNECT_TIMEOUT_S = 10
+STATEMENT_TIMEOUT_S = 300
+LOCK_TIMEOUT_S = 60
+
+
+def create_engine(url: str | sa.URL, **kwargs) -> sa.Engine:
+    """An engine (psycopg 3) whose sessions have connect, statement and lock timeouts."""
+    options = f"-c statement_timeout={STATEMENT_TIMEOUT_S * 1000} -c lock_timeout={LOCK_TIMEOUT_S * 1000}"
+    return sa.create_engine(engine_url(url), connect_args={"connect_timeout": CONNECT_TIMEOUT_S,
+                                                           "options": options}, **kwargs)
+
+
 def migrate(url: str | sa.URL) -> None:
     """Bring the bookkeeping tables to the newest schema (idempotent, concurrency-safe)."""
     from alembic import command
     from alembic.config import Config
 
-    engine = sa.create_engine(engine_url(url))
+    engine = create_engine(url)
     try:
         with engine.begin() as conn:
             # Locked first: CREATE EXTENSION IF NOT EXISTS races too (two drivers of a new database).

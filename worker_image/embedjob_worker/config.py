@@ -43,21 +43,34 @@ class JobConfig:
         return cls.from_manifest(load_manifest(path), base_dir=path.resolve().parent)
 
 
-def config_fingerprint(spec: EmbeddingJobSpec, model_revision: str) -> str:
-    """Hash of every setting that changes which batches exist or what their vectors are.
+def run_identity(spec: EmbeddingJobSpec, model_revision: str) -> dict[str, Any]:
+    """Every setting that decides which batches exist, what their vectors are and where they
+    are written, keyed by its spec path (a refused re-run names the ones that changed).
 
     Replicas, CPUs, maxInFlight and retry settings are left out: changing them neither
-    changes a batch nor a vector, so a resumed job may use different ones.
+    changes a batch nor a vector nor where it goes, so a resumed job may use different ones.
     """
-    relevant = {
-        "format": spec.source.format,
-        "idField": spec.source.id_field,
-        "textField": spec.source.text_field,
-        "model": spec.model.name,
-        "revision": model_revision,
-        "normalize": spec.model.normalize,
-        "maxSeqLength": spec.model.max_seq_length,
-        "batchSize": spec.batching.batch_size,
-        "sortWindow": spec.batching.sort_window,
+    return {
+        "source.format": spec.source.format,
+        "source.idField": spec.source.id_field,
+        "source.textField": spec.source.text_field,
+        "model.name": spec.model.name,
+        "model.revision": model_revision,
+        "model.normalize": spec.model.normalize,
+        "model.maxSeqLength": spec.model.max_seq_length,
+        "batching.batchSize": spec.batching.batch_size,
+        "batching.sortWindow": spec.batching.sort_window,
+        "sink.table": spec.sink.table,
+        "sink.collection": spec.sink.collection,
     }
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
+
+
+def config_fingerprint(identity: dict[str, Any]) -> str:
+    """The hash of a run identity (run_identity): part of every batch id of the run."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def identity_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two run identities, one phrase per field: "sink.collection changed from 'a' to 'b'"."""
+    return [f"{key} changed from {old.get(key)!r} to {new.get(key)!r}"
+            for key in sorted(old.keys() | new.keys()) if old.get(key) != new.get(key)]

@@ -12,7 +12,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,6 +38,14 @@ from .writer import SinkWriter
 
 log = logging.getLogger("embedjob_worker.dispatch")
 
+# An attempt without a result after max(floor, this × the median of the recent batch
+# latencies) counts as hung: its actor is killed and replaced and the batch retried.
+HUNG_LATENCY_FACTOR = 20
+_RECENT_LATENCIES = 101
+# An actor that has not answered yet (a replacement) first loads the model: its attempts get
+# this many times the model's load time, plus the margin, on top.
+_LOAD_GRACE_FACTOR, _LOAD_GRACE_MARGIN_S = 3, 30.0
+
 
 @dataclass
 class Attempt:
@@ -56,13 +66,15 @@ class Dispatcher:
     A lost actor is replaced in its slot; a failed attempt is retried after a backoff
     up to spec.retry.attemptsPerBatch attempts. More batches failed for good than
     spec.retry.failedBatchesTolerated set `failure`: no new batch starts, the ones in
-    flight finish.
+    flight finish. An attempt older than `hung_after_s()` is treated like a lost actor.
     """
 
     def __init__(self, spec: EmbeddingJobSpec, actors: ActorSet, resolved: ResolvedModel, max_tokens: int,
-                 metrics: DriverMetrics, summary: RunSummary):
+                 metrics: DriverMetrics, summary: RunSummary, hung_floor_s: float):
         self.spec, self.actors, self.resolved, self.max_tokens = spec, actors, resolved, max_tokens
-        self.metrics, self.summary = metrics, summary
+        self.metrics, self.summary, self.hung_floor_s = metrics, summary, hung_floor_s
+        self._recent_latencies: deque[float] = deque(maxlen=_RECENT_LATENCIES)
+        self._answered = {actors.actor_name(slot) for slot in range(len(actors.actors))}  # model loaded
         self.failure: JobFailed | None = None
         self.failed_batches = 0  # for good, in this session
         self._in_flight = InFlightBatches()
@@ -75,8 +87,8 @@ class Dispatcher:
         max_in_flight = self.spec.batching.max_in_flight
         source_done = False
         while True:
-            if writer.error is not None:
-                raise JobFailed("DatabaseUnavailable", f"writing to the database failed: {writer.error}")
+            if (write_failure := writer.failure()) is not None:
+                raise write_failure
             while self.failure is None and len(self._in_flight) + writer.uncommitted < max_in_flight:
                 if self._retries and self._retries[0][0] <= time.monotonic():
                     self._submit(heapq.heappop(self._retries)[2])
@@ -99,7 +111,35 @@ class Dispatcher:
             for ref in ready:
                 if (outcome := self._handle(ref, self._refs.pop(ref))) is not None:
                     writer.put_outcome(outcome)
+            for outcome in self._give_up_on_hung():
+                writer.put_outcome(outcome)
             report()
+
+    def hung_after_s(self) -> float:
+        """How long an attempt may go without a result: max(floor, HUNG_LATENCY_FACTOR × recent median)."""
+        if not self._recent_latencies:
+            return self.hung_floor_s
+        return max(self.hung_floor_s, HUNG_LATENCY_FACTOR * statistics.median(self._recent_latencies))
+
+    def _give_up_on_hung(self) -> list[BatchOutcome]:
+        """Attempts past hung_after_s(): their actor is killed and replaced, the batch retried (or failed)."""
+        limit, outcomes = self.hung_after_s(), []
+        loading = _LOAD_GRACE_FACTOR * self.summary.model_load_seconds + _LOAD_GRACE_MARGIN_S
+        for ref, batch_id in list(self._refs.items()):
+            attempt = self._in_flight.attempt(batch_id)
+            grace = 0.0 if attempt.worker in self._answered else loading
+            if time.monotonic() - attempt.submitted <= limit + grace:
+                continue
+            del self._refs[ref]
+            attempt = self._complete(batch_id)
+            # The actor's other attempts then fail with RayActorError and are retried as lost.
+            ray.kill(attempt.actor, no_restart=True)
+            self.actors.replace(attempt.slot, attempt.actor)
+            outcome = self._failed_attempt(attempt, "BatchTimeout", f"no result after {limit + grace:.0f}s: the "
+                                           "actor was killed and replaced", retryable=True)
+            if outcome is not None:
+                outcomes.append(outcome)
+        return outcomes
 
     def _submit(self, attempt: Attempt) -> None:
         actors = self.actors
@@ -135,7 +175,9 @@ class Dispatcher:
         # Matched by the id the result carries, not by the order of submission.
         attempt = self._complete(result["batch_id"])
         latency = time.monotonic() - attempt.submitted
+        self._answered.add(attempt.worker)
         self.summary.batch_latencies.append(latency)
+        self._recent_latencies.append(latency)
         self.metrics.batch_latency.observe(latency)
         try:
             check_model(result, self.resolved)

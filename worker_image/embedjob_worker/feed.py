@@ -10,30 +10,38 @@ from embedjob.api import EmbeddingJobSpec
 from .batching import Batch, make_batches
 from .errors import JobFailed
 from .metrics import DriverMetrics
-from .records import BadRecord, RawRecord, Record, classify_records
+from .records import BadRecord, IdRegistry, RawRecord, Record, classify_records
 from .source import read_records
 from .tally import RunTally
 
+# Bad records are handed to the writer at least every this many, valid batches or not: a
+# wrong textField (every record bad) must not hold the whole input in memory.
+BAD_RECORDS_GROUP = 1000
+
 
 def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: dict[str, int], tally: RunTally,
-                     metrics: DriverMetrics, on_bad_records: Callable[[list[BadRecord]], None]) -> Iterator[Batch]:
+                     metrics: DriverMetrics, on_bad_records: Callable[[list[BadRecord]], None],
+                     ids: IdRegistry | None = None) -> Iterator[Batch]:
     """Stream the batches of valid records (batch ids derive from `key`), skipping those in
-    `done_before` (batch id -> records embedded by an earlier session of the job).
+    `done_before` (batch id -> records embedded by an earlier session of the job). `ids`
+    decides duplicate ids (records.classify_records; the driver's keeps them in PostgreSQL).
 
-    Bad records go to `on_bad_records` as they turn up, before the next batch; once the
-    input has been read through, the tally learns its totals.
+    Bad records go to `on_bad_records` before the next batch, or once BAD_RECORDS_GROUP of
+    them have piled up; once the input has been read through, the tally learns its totals.
     """
     bad: list[BadRecord] = []
     positions = itertools.count()
 
     def valid(raw_records: Iterable[RawRecord]) -> Iterator[Record]:
-        for item in classify_records(raw_records):
+        for item in classify_records(raw_records, ids):
             next(positions)
             match item:
                 case Record():
                     yield item
                 case BadRecord():
                     bad.append(item)
+                    if len(bad) >= BAD_RECORDS_GROUP:
+                        hand_over_bad()
 
     def hand_over_bad() -> None:
         if bad:

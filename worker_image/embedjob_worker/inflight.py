@@ -19,6 +19,9 @@ class InFlightBatches:
     def __contains__(self, batch_id: str) -> bool:
         return batch_id in self._by_id
 
+    def attempt(self, batch_id: str) -> object:
+        return self._by_id[batch_id]
+
     def add(self, batch_id: str, attempt: object) -> None:
         if batch_id in self._by_id:
             raise ValueError(f"batch {batch_id} is already in flight")

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
 import unicodedata
-from typing import Any
+from typing import Any, Protocol
 
 # A JSONL line or CSV row longer than this is recorded as oversized and skipped without
 # being held in memory; far above any text a model embeds whole (see spec.model.maxSeqLength).
@@ -14,6 +14,9 @@ MAX_RECORD_BYTES = 16 * 1024 * 1024
 # Record ids are part of the vectors table's primary key: PostgreSQL's btree entries stop
 # at about 2.7 kB, so longer ids could never be written.
 MAX_ID_BYTES = 1024
+# Ids are checked for duplicates in chunks of this many records (or this much text) at a time.
+CLAIM_CHUNK_RECORDS = 1000
+CLAIM_CHUNK_BYTES = 16 * 1024 * 1024
 
 class BadReason(str, Enum):
     missing_id = "missing_id"
@@ -107,37 +110,72 @@ def _id_problem(record_id: str) -> tuple[BadReason, str] | None:
     return None
 
 
-def classify_records(raw_records: Iterable[RawRecord]) -> Iterator[Record | BadRecord]:
+class IdRegistry(Protocol):
+    """Decides which records are the first occurrence of their id, a chunk of claims at a time."""
+
+    def first_occurrences(self, claims: list[tuple[str, int]]) -> set[int]:
+        """The positions among `claims` (id, position; in input order) that hold their id's first occurrence."""
+
+
+class FirstOccurrences:
+    """An IdRegistry in memory, for inputs that fit (tests, tools); the driver keeps its ids in PostgreSQL."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, int] = {}
+
+    def first_occurrences(self, claims: list[tuple[str, int]]) -> set[int]:
+        return {position for record_id, position in claims if self._first.setdefault(record_id, position) == position}
+
+
+def _check(raw: RawRecord) -> tuple[Record | BadRecord, str | None]:
+    """The record's outcome, duplicates aside, and the id it claims (None when it has no usable id)."""
+    if raw.problem is not None:
+        return BadRecord(raw.position, _record_id(raw.id), raw.problem, raw.detail), None
+    record_id = _record_id(raw.id)
+    if record_id is None:
+        return BadRecord(raw.position, None, BadReason.missing_id, f"id is {raw.id!r}"[:200]), None
+    if (id_problem := _id_problem(record_id)) is not None:
+        # The id itself cannot be stored: the error row names the record by position only.
+        return BadRecord(raw.position, None, *id_problem), None
+    text = raw.text
+    if text is None:
+        return BadRecord(raw.position, record_id, BadReason.null_text), record_id
+    if not isinstance(text, str):
+        return BadRecord(raw.position, record_id, BadReason.non_string_text, f"text is a {type(text).__name__}"), \
+            record_id
+    if _is_blank(text):
+        return BadRecord(raw.position, record_id, BadReason.empty_text, "only white space or invisible characters"), \
+            record_id
+    if (problem := _text_problem(text)) is not None:
+        return BadRecord(raw.position, record_id, *problem), record_id
+    return Record(raw.position, record_id, text), record_id
+
+
+def _chunks(checked: Iterable[tuple[Record | BadRecord, str | None]]) -> Iterator[list]:
+    """Checked records in groups of at most CLAIM_CHUNK_RECORDS, or CLAIM_CHUNK_BYTES of text."""
+    group, size = [], 0
+    for item in checked:
+        group.append(item)
+        size += len(item[0].text) if isinstance(item[0], Record) else 0
+        if len(group) >= CLAIM_CHUNK_RECORDS or size >= CLAIM_CHUNK_BYTES:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
+
+
+def classify_records(raw_records: Iterable[RawRecord], ids: IdRegistry | None = None) -> Iterator[Record | BadRecord]:
     """Yield each record as a Record or a BadRecord; the first occurrence of an id wins.
 
-    Deterministic for a given input, so a resumed run rejects the same records and forms
-    the same batches.
+    A record with a usable id claims it even when its text is bad. `ids` (default: in
+    memory) decides which claims come first, a chunk at a time. Deterministic for a given
+    input, so a resumed run rejects the same records and forms the same batches.
     """
-    seen_ids: set[str] = set()
-    for raw in raw_records:
-        if raw.problem is not None:
-            yield BadRecord(raw.position, _record_id(raw.id), raw.problem, raw.detail)
-            continue
-        record_id = _record_id(raw.id)
-        id_problem = _id_problem(record_id) if record_id is not None else None
-        if record_id is None:
-            yield BadRecord(raw.position, None, BadReason.missing_id, f"id is {raw.id!r}"[:200])
-        elif id_problem is not None:
-            # The id itself cannot be stored: the error row names the record by position only.
-            yield BadRecord(raw.position, None, *id_problem)
-        elif record_id in seen_ids:
-            yield BadRecord(raw.position, record_id, BadReason.duplicate_id, "id seen earlier in the input")
-        else:
-            seen_ids.add(record_id)
-            text = raw.text
-            if text is None:
-                yield BadRecord(raw.position, record_id, BadReason.null_text)
-            elif not isinstance(text, str):
-                yield BadRecord(raw.position, record_id, BadReason.non_string_text, f"text is a {type(text).__name__}")
-            elif _is_blank(text):
-                yield BadRecord(raw.position, record_id, BadReason.empty_text,
-                                "only white space or invisible characters")
-            elif (problem := _text_problem(text)) is not None:
-                yield BadRecord(raw.position, record_id, *problem)
+    ids = ids if ids is not None else FirstOccurrences()
+    for group in _chunks(map(_check, raw_records)):
+        firsts = ids.first_occurrences([(record_id, item.position) for item, record_id in group if record_id])
+        for item, record_id in group:
+            if record_id is None or item.position in firsts:
+                yield item
             else:
-                yield Record(raw.position, record_id, text)
+                yield BadRecord(item.position, record_id, BadReason.duplicate_id, "id seen earlier in the input")

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from embedjob.api import RunCounters
 
 from .batching import batch_key
-from .config import JobConfig, config_fingerprint
+from .config import JobConfig, config_fingerprint, run_identity
 from .dispatch import Dispatcher
 from .errors import DB_ERRORS, JobFailed, Unreachable
 from .feed import batches_to_embed
@@ -28,6 +28,7 @@ from .logs import log_event
 from .metrics import DriverMetrics
 from .model import ResolvedModel, resolve_model
 from .pools import pool_name, shared_cluster
+from .seen_ids import SeenIds
 from .sink import PostgresSink, content_salt
 from .source import input_fingerprint, resolve_uri
 from .tally import RunSummary, RunTally
@@ -45,6 +46,10 @@ class DriverOptions:
     on_progress: Callable[[RunCounters], None] | None = None
     fault_injection: dict | None = None
     workers_ready_timeout_s: float = 900.0
+    # A batch attempt without a result after max(this, 20 × the median batch latency) is hung.
+    hung_batch_floor_s: float = 60.0
+    # A second driver of a job waits this long for the first one's lock, then refuses (JobAlreadyRunning).
+    job_lock_wait_s: float = 600.0
 
 
 class JobRun:
@@ -59,14 +64,22 @@ class JobRun:
 
     def run(self) -> RunSummary:
         try:
+            return self._run()
+        finally:
+            self.sink.close()  # also releases the job's lock
+
+    def _run(self) -> RunSummary:
+        try:
             self.sink.migrate()
         except sa.exc.OperationalError as exc:
             raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
         try:
+            self.sink.lock_job(self.options.job_lock_wait_s)
             resolved, uri, input_fp = self._resolve_inputs()
-            config_fp = config_fingerprint(self.spec, resolved.revision)
+            identity = run_identity(self.spec, resolved.revision)
+            config_fp = config_fingerprint(identity)
             start = self.sink.start_run(self.config.name, self.config.namespace, resolved.name, resolved.revision,
-                                        input_fp, config_fp, self.options.new_run)
+                                        input_fp, config_fp, self.options.new_run, identity)
         except JobFailed as failure:
             log_event(log, "job_refused", logging.ERROR, reason=failure.reason, error=str(failure))
             self.summary.state, self.summary.reason, self.summary.error = "failed", failure.reason, str(failure)
@@ -75,9 +88,13 @@ class JobRun:
         log_event(log, "run_started", job=self.config.job_key, run=start.run_id, resumed=start.resumed,
                   model=resolved.name, revision=resolved.revision, source=uri)
         try:
-            self._embed(resolved, uri, batch_key(input_fp, config_fp), start.run_id)
-        finally:
-            self.sink.close()
+            failure = self._embed(resolved, uri, batch_key(input_fp, config_fp), start.run_id)
+        except Unreachable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - unforeseen: the run still ends failed, with the reason
+            log.exception("unforeseen error in run %s", start.run_id)
+            failure = JobFailed("InternalError", f"{type(exc).__name__}: {exc}"[:4000])
+        self._finish(start.run_id, failure)
         return self.summary
 
     def _resolve_inputs(self) -> tuple[ResolvedModel, str, str]:
@@ -96,7 +113,8 @@ class JobRun:
                                        failure.reason, str(failure))
         raise failure
 
-    def _embed(self, resolved: ResolvedModel, uri: str, key: str, run_id: str) -> None:
+    def _embed(self, resolved: ResolvedModel, uri: str, key: str, run_id: str) -> JobFailed | None:
+        """Embed and write every batch still to do; why the run failed, or None."""
         spec = self.spec
         done_before = self.sink.succeeded_batches()
         cluster = shared_cluster(self.config)
@@ -114,14 +132,12 @@ class JobRun:
             try:
                 dispatcher = self._dispatcher(actors, resolved, len(done_before))
                 batches = batches_to_embed(spec, uri, key, done_before, self.tally, self.metrics,
-                                           writer.put_bad_records)
+                                           writer.put_bad_records, SeenIds(self.sink.engine, run_id))
                 dispatcher.run(batches, writer, self._report)
                 failure = dispatcher.failure
             except JobFailed as exc:
                 failure = exc
-        if writer.error is not None:
-            failure = JobFailed("DatabaseUnavailable", f"writing to the database failed: {writer.error}")
-        self._finish(run_id, failure)
+        return writer.failure() or failure
 
     def _dispatcher(self, actors: ActorSet, resolved: ResolvedModel, skipping: int) -> Dispatcher:
         """Once every actor has loaded the job's model: the vectors table, and the dispatcher."""
@@ -135,7 +151,8 @@ class JobRun:
         log_event(log, "workers_ready", replicas=len(infos), load_seconds=round(self.summary.model_load_seconds, 2),
                   actors=",".join(i["actor_id"] for i in infos), dimension=infos[0]["dimension"], skipping=skipping)
         self.tally.start_embedding()
-        return Dispatcher(self.spec, actors, resolved, infos[0]["max_tokens"], self.metrics, self.summary)
+        return Dispatcher(self.spec, actors, resolved, infos[0]["max_tokens"], self.metrics, self.summary,
+                          self.options.hung_batch_floor_s)
 
     def _report(self) -> None:
         counters = self.tally.counters()

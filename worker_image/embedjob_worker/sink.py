@@ -10,7 +10,9 @@ that is unchanged (the merge skips rows whose content hash is the same).
 from __future__ import annotations
 
 import hashlib
+import logging
 import struct
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -21,7 +23,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from embedjob import db
 
+from .config import identity_changes
 from .errors import JobFailed
+from .logs import log_event
 from .records import BadRecord, Record
 
 _STAGING_DDL = (
@@ -39,6 +43,8 @@ SET content_hash = excluded.content_hash, embedding = excluded.embedding, text =
     job_key = excluded.job_key, batch_id = excluded.batch_id, updated_at = now()
 WHERE t.content_hash IS DISTINCT FROM excluded.content_hash
 """
+log = logging.getLogger("embedjob_worker.sink")
+_JOB_LOCK_POLL_S = 1.0
 # A live driver refreshes heartbeat_at (its run row, its pool lease) at least this often.
 HEARTBEAT_S = 5.0
 
@@ -114,10 +120,32 @@ def copy_payload(outcomes: list[BatchOutcome], salt: bytes) -> bytes:
 class PostgresSink:
     def __init__(self, url: str, job_key: str, collection: str, table: str, salt: bytes):
         self.url = url
-        self.engine = sa.create_engine(db.engine_url(url), pool_pre_ping=True, pool_size=2)
+        self.engine = db.create_engine(url, pool_pre_ping=True, pool_size=2)
         self.job_key, self.collection, self.table, self.salt = job_key, collection, table, salt
         self.merge_sql = _MERGE_SQL.format(table=table)
         self.model = self.revision = None  # set by start_run
+        self._job_lock: sa.Connection | None = None  # holds the job's session-level advisory lock
+
+    def lock_job(self, wait_s: float) -> None:
+        """Take the job's advisory lock for this sink's life (released by close()): a second driver of
+        the job waits up to `wait_s` for the first to finish, then refuses (JobAlreadyRunning)."""
+        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")  # no transaction held open
+        try_lock = db.advisory_lock_sql("pg_try_advisory_lock", db.JOB_LOCK)
+        deadline, next_log = time.monotonic() + wait_s, 0.0
+        while not conn.execute(try_lock, {"name": self.job_key}).scalar_one():
+            if time.monotonic() >= deadline:
+                holder = conn.execute(sa.select(db.runs.c.run_id, db.runs.c.heartbeat_at)
+                                      .where(db.runs.c.job_key == self.job_key, db.runs.c.state == "running")
+                                      .order_by(db.runs.c.started_at.desc()).limit(1)).first()
+                conn.close()
+                raise JobFailed("JobAlreadyRunning", f"another driver of job {self.job_key} holds its lock"
+                                + (f" (run {holder.run_id}, heartbeat at {holder.heartbeat_at:%Y-%m-%dT%H:%M:%SZ})"
+                                   if holder else "") + f"; waited {wait_s:.0f}s. This driver writes nothing")
+            if time.monotonic() >= next_log:
+                log_event(log, "waiting_for_job_lock", job=self.job_key, wait_s=round(deadline - time.monotonic()))
+                next_log = time.monotonic() + 30.0
+            time.sleep(_JOB_LOCK_POLL_S)
+        self._job_lock = conn
 
     def migrate(self) -> None:
         db.migrate(self.url)
@@ -136,16 +164,15 @@ class PostgresSink:
                             f"table {self.table} holds vector({existing}) but the model gives {dim} dimensions")
 
     def start_run(self, job_name: str, namespace: str, model: str, revision: str, input_fp: str, config_fp: str,
-                  new_run: bool) -> RunStart:
-        """Resume the job's run over the same input and config, or start one; refuse a changed input."""
+                  new_run: bool, identity: dict | None = None) -> RunStart:
+        """Resume the job's run over the same input and config (`identity`, hashed as `config_fp`), or start one;
+        refuse a changed input or config, naming what changed."""
         runs = db.runs
         self.model, self.revision = model, revision
         refused = None
-        with self.engine.begin() as conn:
-            # Two drivers of the same job (an overlapping RayJob retry) must not both start a run.
-            conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.JOB_LOCK), {"name": self.job_key})
+        with self.engine.begin() as conn:  # the driver holds the job's lock (lock_job) around this
             latest = conn.execute(
-                sa.select(runs.c.run_id, runs.c.input_fingerprint, runs.c.config_fingerprint)
+                sa.select(runs.c.run_id, runs.c.input_fingerprint, runs.c.config_fingerprint, runs.c.identity)
                 .where(runs.c.job_key == self.job_key)
                 .where(sa.or_(runs.c.reason.is_(None), runs.c.reason.not_in(REFUSED_START_REASONS)))
                 .order_by(runs.c.started_at.desc()).limit(1)
@@ -155,29 +182,40 @@ class PostgresSink:
                     conn.execute(runs.update().where(runs.c.run_id == latest.run_id).values(
                         state="running", reason=None, error=None, finished_at=None, heartbeat_at=sa.func.now()))
                     return RunStart(latest.run_id, resumed=True)
-                what = "input" if latest.input_fingerprint != input_fp else "batching/model config"
-                refused = (f"the {what} changed since run {latest.run_id}; the vectors written so far came from the "
-                           f"old one. Start a new run (embedjob run --new-run, or the driver's --new-run) to embed "
-                           f"the new {what}")
+                refused = self._refusal(latest, input_fp, config_fp, identity)
             run_id = self._insert_run(conn, job_name, namespace, input_fp, config_fp, refused and "InputChanged",
-                                      refused)
+                                      refused, identity)
         if refused:
             raise JobFailed("InputChanged", refused)
         return RunStart(run_id, resumed=False)
+
+    @staticmethod
+    def _refusal(latest: sa.Row, input_fp: str, config_fp: str, identity: dict | None) -> str:
+        """Why a re-run may not resume run `latest`: the input changed, or the named config fields did."""
+        changes = []
+        if latest.input_fingerprint != input_fp:
+            changes.append("the input changed (its URI, size or modification time)")
+        if latest.config_fingerprint != config_fp:
+            changes += (identity_changes(latest.identity, identity) if latest.identity and identity else
+                        ["the batching/model/sink config changed (the fields are not recorded for that run)"])
+        return (f"{'; '.join(changes)} since run {latest.run_id}; its vectors and batches belong to the old "
+                f"settings, so nothing is skipped or mixed. Pass --new-run (embedjob run --new-run, or the "
+                f"driver's --new-run) to start a new run with the new ones")
 
     def record_refused_start(self, job_name: str, namespace: str, model: str, reason: str, error: str) -> None:
         """A run that could not start (no model, no input): a failed run row that says why."""
         self.model, self.revision = model, ""
         with self.engine.begin() as conn:
-            self._insert_run(conn, job_name, namespace, "", "", reason, error)
+            self._insert_run(conn, job_name, namespace, "", "", reason, error, None)
 
     def _insert_run(self, conn: sa.Connection, job_name: str, namespace: str, input_fp: str, config_fp: str,
-                    reason: str | None, error: str | None) -> str:
+                    reason: str | None, error: str | None, identity: dict | None) -> str:
         run_id = str(uuid.uuid4())
         conn.execute(db.runs.insert().values(
             run_id=run_id, job_key=self.job_key, job_name=job_name, namespace=namespace,
             collection=self.collection, vectors_table=self.table, model=self.model, revision=self.revision,
-            input_fingerprint=input_fp, config_fingerprint=config_fp, state="failed" if reason else "running",
+            input_fingerprint=input_fp, config_fingerprint=config_fp, identity=identity,
+            state="failed" if reason else "running",
             reason=reason, error=error, finished_at=sa.func.now() if reason else None))
         return run_id
 
@@ -231,11 +269,17 @@ class PostgresSink:
         } for o in outcomes for a in o.attempts])
 
     def finish_run(self, run_id: str, state: str, reason: str | None, error: str | None, counters: dict) -> None:
+        """The run's end, and its seen ids (seen_ids.SeenIds) go: a resumed run rebuilds them."""
         with self.engine.begin() as conn:
+            conn.execute(db.seen_ids.delete().where(db.seen_ids.c.run_id == run_id))
             conn.execute(db.runs.update().where(db.runs.c.run_id == run_id).values(
                 state=state, reason=reason, error=error, finished_at=sa.func.now(), heartbeat_at=sa.func.now(),
                 **counters))
 
     def close(self) -> None:
+        if self._job_lock is not None:
+            self._job_lock.invalidate()  # really closes the session, and with it the lock (no pool reuse)
+            self._job_lock.close()
+            self._job_lock = None
         self.engine.dispose()
 

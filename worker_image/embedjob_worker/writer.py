@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .errors import DB_ERRORS, backoff_seconds
+from .errors import DB_ERRORS, JobFailed, backoff_seconds
 from .logs import log_event
 from .records import BadRecord
 from .sink import HEARTBEAT_S, AttemptRow, BatchOutcome, PostgresSink, now
@@ -24,6 +24,8 @@ log = logging.getLogger("embedjob_worker.writer")
 
 # Finished batches written per transaction at most; more waiting means the sink is behind.
 _MAX_GROUP_BATCHES = 64
+# Groups of bad records queued at most: the feed waits when the writer is this far behind.
+_MAX_QUEUED_BAD_GROUPS = 8
 
 
 # What the writer's queue holds, besides the BatchOutcomes themselves.
@@ -44,6 +46,7 @@ class SinkWriter:
         self._queue: queue.Queue[BatchOutcome | _BadRecords | _Stop] = queue.Queue()
         self._uncommitted = 0
         self._changed = threading.Condition()
+        self._bad_group_slots = threading.Semaphore(_MAX_QUEUED_BAD_GROUPS)
         self._thread = threading.Thread(target=self._run, name="embedjob-sink", daemon=True)
         self._thread.start()
 
@@ -58,8 +61,22 @@ class SinkWriter:
         self._queue.put(outcome)
 
     def put_bad_records(self, bad_records: list[BadRecord]) -> None:
-        if bad_records:
-            self._queue.put(_BadRecords(tuple(bad_records)))
+        """Queue bad records for writing; waits while _MAX_QUEUED_BAD_GROUPS groups are still unwritten."""
+        if not bad_records:
+            return
+        while not self._bad_group_slots.acquire(timeout=1.0):
+            if (write_failure := self.failure()) is not None:
+                raise write_failure
+        self._queue.put(_BadRecords(tuple(bad_records)))
+
+    def failure(self) -> JobFailed | None:
+        """Why writing failed for good: the database was lost, or a write the driver did not foresee failed."""
+        if self.error is None:
+            return None
+        if isinstance(self.error, DB_ERRORS):
+            return JobFailed("DatabaseUnavailable", f"writing to the database failed: {self.error}")
+        return JobFailed("InternalError", f"writing to the database failed: {type(self.error).__name__}: "
+                                          f"{self.error}"[:4000])
 
     def wait_for_commit(self, timeout: float) -> None:
         with self._changed:
@@ -75,18 +92,22 @@ class SinkWriter:
         while not stopping and self.error is None:
             outcomes: list[BatchOutcome] = []
             bad_records: list[BadRecord] = []
+            bad_groups = 0
             for item in self._next_group():
                 match item:
                     case BatchOutcome():
                         outcomes.append(item)
                     case _BadRecords(records):
                         bad_records.extend(records)
+                        bad_groups += 1
                     case _Stop():
                         stopping = True
             try:
                 self._write(outcomes, bad_records)
             except BaseException as exc:  # noqa: BLE001 - handed to the driver loop, which fails the job
                 self.error = exc
+            for _ in range(bad_groups):
+                self._bad_group_slots.release()
             with self._changed:
                 if self.error is None:
                     self._uncommitted -= len(outcomes)

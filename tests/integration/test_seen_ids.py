@@ -1,0 +1,31 @@
+"""Duplicate ids decided by PostgreSQL (embedjob_worker.seen_ids) agree with the in-memory rule, also on resume."""
+
+from embedjob_worker.records import RawRecord, classify_records
+from embedjob_worker.seen_ids import SeenIds
+from embedjob_worker.sink import PostgresSink, content_salt
+from support.sql import query
+
+
+def raw_records(count: int) -> list[RawRecord]:
+    """Ids repeat far apart (across the chunks duplicates are decided in) and within a chunk."""
+    ids = [f"r{i}" for i in range(count)]
+    ids[2400], ids[2401], ids[17] = "r5", "r1999", "r16"
+    return [RawRecord(i, record_id, None if i == 5 else f"text {i}") for i, record_id in enumerate(ids)]
+
+
+def test_the_database_decides_duplicates_like_memory_and_a_resume_gets_the_same_answers(database_url):
+    sink = PostgresSink(database_url, "local/default/seen", "c", "vectors", content_salt(True, None))
+    sink.migrate()
+    run = sink.start_run("seen", "default", "m", "r", "in", "cfg", new_run=False)
+    records = raw_records(2500)
+    in_memory = list(classify_records(records))
+    duplicates = {(b.position, b.record_id) for b in in_memory if getattr(b, "reason", None) == "duplicate_id"}
+    # The first occurrence wins even when its text is bad (r5 at position 5 has none).
+    assert duplicates == {(17, "r16"), (2400, "r5"), (2401, "r1999")}
+    assert list(classify_records(records, SeenIds(sink.engine, run.run_id))) == in_memory
+    assert query(database_url, "SELECT count(*) FROM embedjob_seen_ids")[0][0] == 2500 - 3
+    # A resumed session reads the same input again: the ids stored by the first one change nothing.
+    assert list(classify_records(records, SeenIds(sink.engine, run.run_id))) == in_memory
+    sink.finish_run(run.run_id, "succeeded", None, None, {})
+    assert query(database_url, "SELECT count(*) FROM embedjob_seen_ids")[0][0] == 0
+    sink.close()
