@@ -151,6 +151,9 @@ def phase(current: dict[str, Any], obs: Observation) -> Phase:
         return Phase(JobState.failed.value, "RayJobValidationFailed", _short(status.get("message")))
     if deployment in ("Complete", "Failed"):
         if deployment == "Complete" and job_status == "SUCCEEDED" and not (obs.run and obs.run.state == "failed"):
+            if obs.run and obs.run.records_total and not obs.run.records_embedded:
+                return Phase(JobState.failed.value, "NothingEmbedded",
+                             f"none of the {obs.run.records_total} records was embedded ({_summary(obs.run)})")
             message = _summary(obs.run) if obs.run else "the driver finished"
             return Phase(JobState.complete.value, "Succeeded", message)
         return Phase(JobState.failed.value, *failure(status, obs.run))
