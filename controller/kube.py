@@ -23,6 +23,15 @@ EVENT_SOURCE = "embedjob-operator"
 NOT_FOUND, CONFLICT = 404, 409
 
 
+def api_client() -> kubernetes.client.ApiClient:
+    """In-cluster credentials, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return kubernetes.client.ApiClient()
+
+
 class KubeApi:
     """The operator's own calls to the Kubernetes API (one client for the whole operator)."""
 
@@ -32,12 +41,7 @@ class KubeApi:
 
     @classmethod
     def from_environment(cls) -> "KubeApi":
-        """In-cluster credentials, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
-        try:
-            kubernetes.config.load_incluster_config()
-        except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config()
-        return cls(kubernetes.client.ApiClient())
+        return cls(api_client())
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Secret's `data` map (values stay base64), None if it does not exist."""
