@@ -73,6 +73,17 @@ class KubeApi:
             RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, {"spec": {"suspend": suspend}},
         )
 
+    async def rayjob_exists(self, namespace: str, name: str) -> bool:
+        try:
+            await asyncio.to_thread(
+                self._custom.get_namespaced_custom_object, RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == NOT_FOUND:
+                return False
+            raise
+        return True
+
     async def delete_rayjob(self, namespace: str, name: str) -> bool:
         """Ask for the RayJob's deletion; True once it is gone."""
         try:
@@ -80,14 +91,11 @@ class KubeApi:
                 self._custom.delete_namespaced_custom_object,
                 RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, propagation_policy="Background",
             )
-            await asyncio.to_thread(
-                self._custom.get_namespaced_custom_object, RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name
-            )
         except ApiException as exc:
             if exc.status == NOT_FOUND:
                 return True
             raise
-        return False
+        return not await self.rayjob_exists(namespace, name)
 
     async def get_raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -2,7 +2,8 @@
 
 `launch` makes sure one EmbeddingJob has exactly one RayJob: its name is a function of
 the job's uid, an existing RayJob (from the watch index, or the 409 of a create) is
-adopted only when this job owns it, and a finished job never gets a new one.
+adopted only when this job owns it, and a finished job, or one whose RayJob was deleted,
+never gets a new one.
 `StatusKeeper` is the only writer of the jobs' status.
 """
 
@@ -56,6 +57,8 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
     if status.is_final(job.get("status") or {}):
         return ACCEPTED
     rayjob = own_rayjob(known_rayjobs, meta["uid"])
+    if rayjob is None and (job.get("status") or {}).get("rayJobName"):
+        return ACCEPTED  # it had one, deleted since: the status says so (RayJobDeleted); never a second run
     if rayjob is None:
         parsed = acceptance.parse(spec)
         if isinstance(parsed, Verdict):
@@ -78,11 +81,22 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+async def rayjob_deleted(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str, Any] | None,
+                         ctx: Context) -> bool:
+    """The unfinished job's RayJob existed (its name is in the status), is not in the watch
+    index, and the API server confirms it is gone (the index alone may lag behind)."""
+    name = current.get("rayJobName")
+    if rayjob is not None or not name or status.is_final(current):
+        return False
+    return not await ctx.kube.rayjob_exists(job["metadata"]["namespace"], name)
+
+
 async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str, Any] | None,
                   verdict: Verdict | None, ctx: Context) -> status.Observation:
     run, progress_error = None, None
     deployment = ((rayjob or {}).get("status") or {}).get("jobDeploymentStatus")
-    if ctx.runs is not None and deployment in PROGRESS_STATES and not status.is_final(current):
+    deleted = await rayjob_deleted(job, current, rayjob, ctx)
+    if ctx.runs is not None and (deployment in PROGRESS_STATES or deleted) and not status.is_final(current):
         try:
             run = await asyncio.to_thread(ctx.runs.latest, job["metadata"]["uid"])
         except RunUnavailable as exc:
@@ -92,6 +106,7 @@ async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str
         suspend=bool(job["spec"].get("suspend")),
         verdict=verdict,
         rayjob=rayjob,
+        rayjob_deleted=deleted,
         run=run,
         progress_error=progress_error,
         now=_now(),
