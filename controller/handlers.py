@@ -97,7 +97,10 @@ async def launch(body: kopf.Body, memo: kopf.Memo, rayjobs_by_job: kopf.Index, *
     ctx: reconcile.Context = memo.context
     uid = body.metadata.uid
     with metrics.reconcile("launch"):
-        verdict = await reconcile.launch(plain(body), rayjobs_by_job.get(uid, []), ctx)
+        try:
+            verdict = await reconcile.launch(plain(body), rayjobs_by_job.get(uid, []), ctx, memo.keeper.accept)
+        except reconcile.SpecChanged as exc:
+            raise kopf.TemporaryError(f"{exc}; reviewing the new version", delay=1) from None
     memo.keeper.note_verdict(uid, verdict)
     if not verdict.accepted:
         # An accepted job's status follows its RayJob's watch events instead.

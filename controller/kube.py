@@ -127,10 +127,15 @@ class KubeApi:
         )
         await asyncio.to_thread(self._core.create_namespaced_event, namespace, event)
 
-    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        """JSON-merge-patch the EmbeddingJob's status subresource; return the new status."""
+    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any],
+                               resource_version: str | None = None) -> dict[str, Any]:
+        """JSON-merge-patch the EmbeddingJob's status subresource; return the new status. With
+        `resource_version`, only if the job is still that version (else ApiException 409)."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
         job = await asyncio.to_thread(
             self._custom.patch_namespaced_custom_object_status,
-            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status},
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, body,
         )
         return job.get("status") or {}

@@ -276,5 +276,10 @@ def transitions(current: dict[str, Any], desired: dict[str, Any]) -> list[Transi
     return out
 
 
+def accepted(status: dict[str, Any]) -> bool:
+    """Accepted=True is stored: the API server refuses spec edits but `suspend`."""
+    return (find_condition(status, "Accepted") or {}).get("status") == "True"
+
+
 def is_final(status: dict[str, Any]) -> bool:
     return _stored(status, "state") in FINAL_STATES
