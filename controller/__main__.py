@@ -20,10 +20,10 @@ from .kube import KubeApi
 from .pool_leases import LeaseStore
 from .pool_sweeper import PoolSweeper
 from .reconcile import Context, StatusKeeper
+from .release import FINALIZER
 from .run_reader import RunReader
 from .settings import Settings
 
-FINALIZER = f"{api.GROUP}/cleanup"
 LOG_FORMATS = {"json": kopf.LogFormat.JSON, "plain": kopf.LogFormat.FULL}
 
 

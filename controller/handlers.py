@@ -4,7 +4,9 @@
   a refused job is retried after EMBEDJOB_RETRY_DELAY_SECONDS (or on its next change);
 - a change of a job's RayJob -> the job's status (`StatusKeeper.sync`), which also
   refreshes unfinished jobs every EMBEDJOB_PROGRESS_INTERVAL_SECONDS;
-- deletion -> `cleanup` behind the finalizer `embedjob.dev/cleanup`.
+- deletion -> `cleanup` behind the finalizer `embedjob.dev/cleanup`, except for jobs
+  released from the operator (`python -m controller.release`, before an uninstall):
+  kopf guards those with no finalizer, and takes it off one that still has it.
 
 Jobs and RayJobs are kept in kopf indexes as small summaries, not whole bodies, and no
 task runs per job: memory stays flat with thousands of jobs.
@@ -21,6 +23,7 @@ from embedjob import api
 
 from . import metrics, reconcile
 from .rayjob import LABEL_JOB_UID, LABEL_MANAGED_BY, MANAGED_BY, RAY_GROUP, RAY_PLURAL, RAY_VERSION
+from .release import RELEASED
 from .status import Transition
 
 JOBS = (api.GROUP, api.VERSION, api.PLURAL)
@@ -94,7 +97,10 @@ async def launch(body: kopf.Body, memo: kopf.Memo, rayjobs_by_job: kopf.Index, *
     ctx: reconcile.Context = memo.context
     uid = body.metadata.uid
     with metrics.reconcile("launch"):
-        verdict = await reconcile.launch(plain(body), rayjobs_by_job.get(uid, []), ctx)
+        try:
+            verdict = await reconcile.launch(plain(body), rayjobs_by_job.get(uid, []), ctx, memo.keeper.accept)
+        except reconcile.SpecChanged as exc:
+            raise kopf.TemporaryError(f"{exc}; reviewing the new version", delay=1) from None
     memo.keeper.note_verdict(uid, verdict)
     if not verdict.accepted:
         # An accepted job's status follows its RayJob's watch events instead.
@@ -102,7 +108,7 @@ async def launch(body: kopf.Body, memo: kopf.Memo, rayjobs_by_job: kopf.Index, *
         raise kopf.TemporaryError(f"{verdict.reason}: {verdict.message}", delay=ctx.settings.retry_delay_seconds)
 
 
-@kopf.on.delete(*JOBS)
+@kopf.on.delete(*JOBS, annotations={RELEASED: kopf.ABSENT})
 async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     ctx: reconcile.Context = memo.context
     memo.keeper.forget(body.metadata.uid)

@@ -23,6 +23,15 @@ EVENT_SOURCE = "embedjob-operator"
 NOT_FOUND, CONFLICT = 404, 409
 
 
+def api_client() -> kubernetes.client.ApiClient:
+    """In-cluster credentials, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return kubernetes.client.ApiClient()
+
+
 class KubeApi:
     """The operator's own calls to the Kubernetes API (one client for the whole operator)."""
 
@@ -32,12 +41,7 @@ class KubeApi:
 
     @classmethod
     def from_environment(cls) -> "KubeApi":
-        """In-cluster credentials, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
-        try:
-            kubernetes.config.load_incluster_config()
-        except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config()
-        return cls(kubernetes.client.ApiClient())
+        return cls(api_client())
 
     async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Secret's `data` map (values stay base64), None if it does not exist."""
@@ -69,6 +73,17 @@ class KubeApi:
             RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, {"spec": {"suspend": suspend}},
         )
 
+    async def rayjob_exists(self, namespace: str, name: str) -> bool:
+        try:
+            await asyncio.to_thread(
+                self._custom.get_namespaced_custom_object, RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == NOT_FOUND:
+                return False
+            raise
+        return True
+
     async def delete_rayjob(self, namespace: str, name: str) -> bool:
         """Ask for the RayJob's deletion; True once it is gone."""
         try:
@@ -76,14 +91,11 @@ class KubeApi:
                 self._custom.delete_namespaced_custom_object,
                 RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, propagation_policy="Background",
             )
-            await asyncio.to_thread(
-                self._custom.get_namespaced_custom_object, RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name
-            )
         except ApiException as exc:
             if exc.status == NOT_FOUND:
                 return True
             raise
-        return False
+        return not await self.rayjob_exists(namespace, name)
 
     async def get_raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -115,10 +127,15 @@ class KubeApi:
         )
         await asyncio.to_thread(self._core.create_namespaced_event, namespace, event)
 
-    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        """JSON-merge-patch the EmbeddingJob's status subresource; return the new status."""
+    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any],
+                               resource_version: str | None = None) -> dict[str, Any]:
+        """JSON-merge-patch the EmbeddingJob's status subresource; return the new status. With
+        `resource_version`, only if the job is still that version (else ApiException 409)."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
         job = await asyncio.to_thread(
             self._custom.patch_namespaced_custom_object_status,
-            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status},
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, body,
         )
         return job.get("status") or {}

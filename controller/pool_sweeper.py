@@ -6,6 +6,12 @@ removes a pool once `pool_policy.removal_reason` says it may go: it runs
 `python -m embedjob_worker.pools remove` on the cluster through its Ray Jobs API, with
 the cluster's token, while it holds the pool's lock, then marks the leases and posts an
 Event on each job that used the pool.
+
+Each pool fails alone: an error on one (a 403 for a namespace this operator may not read,
+a malformed cluster id, a bad token) is logged and the sweep goes on with the others.
+A pool whose removal failed is tried again only after a backoff that doubles with each
+failure (EMBEDJOB_POOL_SWEEP_SECONDS, up to an hour), not with a new Ray job every sweep;
+a removal job that runs past its timeout is stopped through the Ray Jobs API.
 """
 
 from __future__ import annotations
@@ -14,9 +20,12 @@ import asyncio
 import base64
 import datetime as dt
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from kubernetes.client.exceptions import ApiException
 
 from embedjob.contract import pool_removal_command
 
@@ -30,6 +39,9 @@ from .settings import Settings
 log = logging.getLogger("controller.pool_sweeper")
 
 REMOVAL_TIMEOUT_SECONDS = 120
+MAX_BACKOFF_SECONDS = 3600
+
+PoolKey = tuple[str, str]  # (<namespace>/<RayCluster name>, pool)
 
 
 @dataclass(frozen=True)
@@ -44,9 +56,10 @@ class Removal:
 class PoolSweeper:
     """Finds idle pools every EMBEDJOB_POOL_SWEEP_SECONDS (or sooner when woken) and removes them."""
 
-    def __init__(self, settings: Settings, kube: KubeApi, store: LeaseStore):
-        self.settings, self.kube, self.store = settings, kube, store
+    def __init__(self, settings: Settings, kube: KubeApi, store: LeaseStore, clock: Callable[[], float] = time.monotonic):
+        self.settings, self.kube, self.store, self._clock = settings, kube, store, clock
         self._wakeup = asyncio.Event()
+        self._failures: dict[PoolKey, tuple[int, float]] = {}  # failed removals: (count, not before)
 
     def wake(self) -> None:
         """A job ended or was deleted: sweep once its pool has been idle long enough."""
@@ -73,12 +86,30 @@ class PoolSweeper:
         return removal_reason(leases, now, self.settings.pool_idle_seconds,
                               self.settings.pool_lease_expiry_seconds, job_exists)
 
+    def _backing_off(self, key: PoolKey) -> bool:
+        return key in self._failures and self._clock() < self._failures[key][1]
+
+    def _failed(self, key: PoolKey, exc: Exception) -> None:
+        count = self._failures.get(key, (0, 0.0))[0] + 1
+        delay = min(self.settings.pool_sweep_seconds * 2 ** (count - 1), MAX_BACKOFF_SECONDS)
+        self._failures[key] = (count, self._clock() + delay)
+        log.warning("removing pool %s on %s failed (%d in a row; next try in %.0fs): %s: %s",
+                    key[1], key[0], count, delay, type(exc).__name__, exc)
+
+    async def _job_uids(self, namespaces: set[str]) -> dict[str, set[str]]:
+        """The jobs of each watched namespace; a namespace that cannot be listed stays unknown."""
+        job_uids = {}
+        for namespace in filter(self._watched, namespaces):
+            try:
+                job_uids[namespace] = await self.kube.list_job_uids(namespace)
+            except ApiException as exc:
+                log.warning("cannot list the EmbeddingJobs of %s: HTTP %s %s", namespace, exc.status, exc.reason)
+        return job_uids
+
     async def sweep(self) -> list[Removal]:
         now, pools = await asyncio.to_thread(self.store.pools)
-        job_uids: dict[str, set[str]] = {}
-        for namespace in {lease.namespace for leases in pools.values() for lease in leases}:
-            if self._watched(namespace):
-                job_uids[namespace] = await self.kube.list_job_uids(namespace)
+        self._failures = {key: failure for key, failure in self._failures.items() if key in pools}
+        job_uids = await self._job_uids({lease.namespace for leases in pools.values() for lease in leases})
 
         def job_exists(lease: Lease) -> bool | None:
             uids = job_uids.get(lease.namespace)
@@ -86,13 +117,14 @@ class PoolSweeper:
 
         removals = []
         for (cluster, pool), leases in pools.items():
-            if self._removal_reason(leases, now, job_exists) is None:
+            if self._backing_off((cluster, pool)) or self._removal_reason(leases, now, job_exists) is None:
                 continue
             try:
                 removal = await self._remove(cluster, pool, job_exists)
-            except DashboardError as exc:
-                log.warning("removing pool %s on %s failed: %s", pool, cluster, exc)
+            except Exception as exc:  # noqa: BLE001 - one pool's failure is its own
+                self._failed((cluster, pool), exc)
                 continue
+            self._failures.pop((cluster, pool), None)
             if removal is not None:
                 removals.append(removal)
                 await self._report(removal, job_exists)
@@ -100,7 +132,9 @@ class PoolSweeper:
 
     async def _client(self, cluster: str) -> RayJobsClient | None:
         """The Ray Jobs client of the RayCluster `<namespace>/<name>`; None once the cluster is gone."""
-        namespace, name = cluster.split("/", 1)
+        namespace, slash, name = cluster.partition("/")
+        if not (namespace and slash and name):
+            raise DashboardError(f"malformed cluster id {cluster!r} (expected <namespace>/<RayCluster name>)")
         raycluster = await self.kube.get_raycluster(namespace, name)
         if raycluster is None:
             return None
@@ -110,7 +144,10 @@ class PoolSweeper:
             encoded = (secret or {}).get("data", {}).get(AUTH_TOKEN_KEY)
             if encoded is None:
                 raise DashboardError(f"Secret {namespace}/{secret_name} has no key {AUTH_TOKEN_KEY}")
-            token = base64.b64decode(encoded).decode()
+            try:
+                token = base64.b64decode(encoded, validate=True).decode()
+            except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+                raise DashboardError(f"Secret {namespace}/{secret_name}: {AUTH_TOKEN_KEY} is not base64 text") from None
         return RayJobsClient(dashboard_url(raycluster), token)
 
     async def _remove(self, cluster: str, pool: str, job_exists: Callable[[Lease], bool | None]) -> Removal | None:
@@ -142,4 +179,7 @@ class PoolSweeper:
         log.info("%s", message)
         jobs = {(lease.namespace, lease.job_name, lease.job_key) for lease in removal.leases if job_exists(lease)}
         for namespace, name, uid in sorted(jobs):
-            await self.kube.post_job_event(namespace, name, uid, "PoolRemoved", message)
+            try:
+                await self.kube.post_job_event(namespace, name, uid, "PoolRemoved", message)
+            except ApiException as exc:
+                log.warning("no PoolRemoved Event on %s/%s: HTTP %s %s", namespace, name, exc.status, exc.reason)

@@ -82,13 +82,22 @@ class RayJobsClient:
     def logs(self, submission_id: str) -> str:
         return self._call("GET", f"/api/jobs/{submission_id}/logs").get("logs", "")
 
+    def stop(self, submission_id: str) -> None:
+        self._call("POST", f"/api/jobs/{submission_id}/stop")
+
     def run(self, entrypoint: str, submission_id: str, timeout_s: float) -> str:
-        """Submit a job, wait for it to finish; its logs if it succeeded."""
+        """Submit a job, wait for it to finish; its logs if it succeeded. A job still running
+        after `timeout_s` is stopped (and the error says whether stopping worked)."""
         self.submit(entrypoint, submission_id)
         deadline = time.monotonic() + timeout_s
         while (status := self.job(submission_id).get("status")) not in FINISHED_JOB_STATES:
             if time.monotonic() > deadline:
-                raise DashboardError(f"Ray job {submission_id} still {status} after {timeout_s:.0f}s")
+                try:
+                    self.stop(submission_id)
+                    stopped = "stopped"
+                except DashboardError as exc:
+                    stopped = f"stopping it failed: {exc}"
+                raise DashboardError(f"Ray job {submission_id} still {status} after {timeout_s:.0f}s; {stopped}")
             time.sleep(JOB_POLL_SECONDS)
         if status != "SUCCEEDED":
             raise DashboardError(f"Ray job {submission_id} {status}: {self.logs(submission_id)[-500:]}")

@@ -2,7 +2,8 @@
 
 `launch` makes sure one EmbeddingJob has exactly one RayJob: its name is a function of
 the job's uid, an existing RayJob (from the watch index, or the 409 of a create) is
-adopted only when this job owns it, and a finished job never gets a new one.
+adopted only when this job owns it, and a finished job, or one whose RayJob was deleted,
+never gets a new one.
 `StatusKeeper` is the only writer of the jobs' status.
 """
 
@@ -13,11 +14,13 @@ import datetime as dt
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Mapping
+
+from kubernetes.client.exceptions import ApiException
 
 from . import acceptance, metrics, status
 from .acceptance import ACCEPTED, Verdict
-from .kube import KubeApi
+from .kube import CONFLICT, KubeApi
 from .metrics import JobStates
 from .pool_sweeper import PoolSweeper
 from .rayjob import build_rayjob, owned_by, rayjob_name
@@ -46,16 +49,28 @@ class Context:
             self.pool_sweeper.wake()
 
 
+class SpecChanged(Exception):
+    """The job changed between its review and its acceptance: review the new version."""
+
+
 def own_rayjob(candidates: Iterable[dict[str, Any]], job_uid: str) -> dict[str, Any] | None:
     return next((rj for rj in candidates if owned_by(rj, job_uid)), None)
 
 
-async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], ctx: Context) -> Verdict:
-    """Review the job and make sure its one RayJob exists, suspended as the spec says."""
+async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], ctx: Context,
+                 accept: Callable[[dict[str, Any]], Awaitable[bool]]) -> Verdict:
+    """Review the job and make sure its one RayJob exists, suspended as the spec says.
+
+    The job is marked accepted (`accept`, guarded by the reviewed resourceVersion) before
+    the RayJob is created: from then on the API server refuses spec edits, so the RayJob
+    always runs the spec that `observedGeneration` names. An edit that came first raises
+    SpecChanged, and the new version is reviewed instead."""
     meta, spec = job["metadata"], job["spec"]
     if status.is_final(job.get("status") or {}):
         return ACCEPTED
     rayjob = own_rayjob(known_rayjobs, meta["uid"])
+    if rayjob is None and (job.get("status") or {}).get("rayJobName"):
+        return ACCEPTED  # it had one, deleted since: the status says so (RayJobDeleted); never a second run
     if rayjob is None:
         parsed = acceptance.parse(spec)
         if isinstance(parsed, Verdict):
@@ -64,6 +79,8 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
         verdict = acceptance.review(parsed, secret)
         if not verdict.accepted:
             return verdict
+        if not status.accepted(job.get("status") or {}) and not await accept(job):
+            raise SpecChanged(f"generation {meta.get('generation')} was edited during its review")
         rayjob = await ctx.kube.create_or_get_rayjob(build_rayjob(job, parsed, ctx.settings))
         if not owned_by(rayjob, meta["uid"]):
             return Verdict(False, "RayJobConflict",
@@ -78,11 +95,22 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+async def rayjob_deleted(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str, Any] | None,
+                         ctx: Context) -> bool:
+    """The unfinished job's RayJob existed (its name is in the status), is not in the watch
+    index, and the API server confirms it is gone (the index alone may lag behind)."""
+    name = current.get("rayJobName")
+    if rayjob is not None or not name or status.is_final(current):
+        return False
+    return not await ctx.kube.rayjob_exists(job["metadata"]["namespace"], name)
+
+
 async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str, Any] | None,
                   verdict: Verdict | None, ctx: Context) -> status.Observation:
     run, progress_error = None, None
     deployment = ((rayjob or {}).get("status") or {}).get("jobDeploymentStatus")
-    if ctx.runs is not None and deployment in PROGRESS_STATES and not status.is_final(current):
+    deleted = await rayjob_deleted(job, current, rayjob, ctx)
+    if ctx.runs is not None and (deployment in PROGRESS_STATES or deleted) and not status.is_final(current):
         try:
             run = await asyncio.to_thread(ctx.runs.latest, job["metadata"]["uid"])
         except RunUnavailable as exc:
@@ -92,6 +120,7 @@ async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str
         suspend=bool(job["spec"].get("suspend")),
         verdict=verdict,
         rayjob=rayjob,
+        rayjob_deleted=deleted,
         run=run,
         progress_error=progress_error,
         now=_now(),
@@ -159,6 +188,25 @@ class StatusKeeper:
                 self._ctx.job_states.set(uid, stored["state"])
             if status.is_final(stored) and not status.is_final(current):
                 self._ctx.pool_released(job["spec"])
+
+    async def accept(self, job: dict[str, Any]) -> bool:
+        """Write Accepted=True for the version of the job just reviewed (its resourceVersion);
+        False when the job has changed since (409), so the reviewed spec may not be the stored one."""
+        meta = job["metadata"]
+        async with self._locks.setdefault(meta["uid"], asyncio.Lock()):
+            current = self._written.get(meta["uid"], job.get("status") or {})
+            desired = status.desired_status(current, await observe(job, current, None, ACCEPTED, self._ctx))
+            try:
+                stored = await self._ctx.kube.patch_job_status(
+                    meta["namespace"], meta["name"], status.status_patch(current, desired), meta["resourceVersion"])
+            except ApiException as exc:
+                if exc.status == CONFLICT:
+                    return False
+                raise
+            self._verdicts[meta["uid"]], self._written[meta["uid"]] = ACCEPTED, stored
+            for change in status.transitions(current, desired):
+                self._emit(job, change)
+            return True
 
     def unfinished(self) -> list[str]:
         return [uid for uid, jobs in self._jobs.items()

@@ -52,6 +52,7 @@ class Observation:
     run: RunRow | None  # the driver's latest run row
     progress_error: str | None  # why the run row could not be read
     now: str  # RFC 3339, UTC
+    rayjob_deleted: bool = False  # it existed (status.rayJobName) and the API server confirms it is gone
 
 
 @dataclass(frozen=True)
@@ -134,11 +135,34 @@ def _known_verdict(current: dict[str, Any], obs: Observation) -> Verdict | None:
     return None
 
 
+def _succeeded(run: RunRow | None) -> Phase:
+    """The driver finished: Complete, unless the run counted records and embedded none."""
+    if run and run.records_total and not run.records_embedded:
+        return Phase(JobState.failed.value, "NothingEmbedded",
+                     f"none of the {run.records_total} records was embedded ({_summary(run)})")
+    return Phase(JobState.complete.value, "Succeeded", _summary(run) if run else "the driver finished")
+
+
+def _without_rayjob(current: dict[str, Any], run: RunRow | None) -> Phase:
+    """The RayJob was deleted (by someone else, or by its TTL) before the job was seen to finish:
+    the run row's outcome when it has one, else Failed/RayJobDeleted (never recreated: deleting a
+    RayJob stops its Ray job, and a second run would fight whoever deleted it)."""
+    if run is not None and run.state == "succeeded":
+        return _succeeded(run)
+    if run is not None and run.state == "failed" and run.reason:
+        return Phase(JobState.failed.value, run.reason, _short(run.error))
+    return Phase(JobState.failed.value, "RayJobDeleted",
+                 f"RayJob {_stored(current, 'ray_job_name')} was deleted before the job finished; "
+                 "create the EmbeddingJob again to re-run it")
+
+
 def phase(current: dict[str, Any], obs: Observation) -> Phase:
     if is_final(current):
         state = _stored(current, "state")
         final = find_condition(current, state) or {}
         return Phase(state, _stored(current, "reason") or "", final.get("message", ""))
+    if obs.rayjob is None and obs.rayjob_deleted:
+        return _without_rayjob(current, obs.run)
     if obs.rayjob is None:
         verdict = _known_verdict(current, obs)
         if verdict is not None and not verdict.accepted:
@@ -151,8 +175,7 @@ def phase(current: dict[str, Any], obs: Observation) -> Phase:
         return Phase(JobState.failed.value, "RayJobValidationFailed", _short(status.get("message")))
     if deployment in ("Complete", "Failed"):
         if deployment == "Complete" and job_status == "SUCCEEDED" and not (obs.run and obs.run.state == "failed"):
-            message = _summary(obs.run) if obs.run else "the driver finished"
-            return Phase(JobState.complete.value, "Succeeded", message)
+            return _succeeded(obs.run)
         return Phase(JobState.failed.value, *failure(status, obs.run))
     if deployment in ("Suspending", "Suspended") or (obs.suspend and deployment in ("", "New")):
         return Phase(JobState.suspended.value, deployment or "Suspended", "spec.suspend is true")
@@ -251,6 +274,11 @@ def transitions(current: dict[str, Any], desired: dict[str, Any]) -> list[Transi
         if became_true or refused_anew:
             out.append(Transition(cond["type"], cond["status"], cond["reason"], cond["message"]))
     return out
+
+
+def accepted(status: dict[str, Any]) -> bool:
+    """Accepted=True is stored: the API server refuses spec edits but `suspend`."""
+    return (find_condition(status, "Accepted") or {}).get("status") == "True"
 
 
 def is_final(status: dict[str, Any]) -> bool:

@@ -12,11 +12,16 @@ CEL rules (`x-kubernetes-validations`) sit next to the fields they constrain so 
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
+
+from .api_rules import (
+    CPU_STEP, CPU_STEP_RULE, GPU_SHARE_RULE, MIN_GPU_SHARE, MODEL_PATH_RULE, NOT_BLANK, TABLE_RULE, cel, ray_quantity,
+)
 
 GROUP = "embedjob.dev"
 VERSION = "v1alpha1"
@@ -31,13 +36,6 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
 # A SQL identifier we are willing to interpolate (quoted) into DDL.
 SQL_IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"
-
-
-def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    validation = {"rule": rule, "message": message}
-    if field_path:
-        validation["fieldPath"] = field_path
-    return validation
 
 
 class ApiModel(BaseModel):
@@ -79,16 +77,17 @@ class Model(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _cel(
+                cel(
                     "has(self.revision) || has(self.path) || has(self.package)",
                     "model must be pinned: set revision (a commit of the model repository), path or package",
                     ".revision",
                 ),
-                _cel(
+                cel(
                     "!(has(self.path) && has(self.package))",
                     "set at most one of path and package",
                     ".path",
                 ),
+                MODEL_PATH_RULE.cel(),
             ]
         }
     )
@@ -121,6 +120,11 @@ class Model(ApiModel):
         None, ge=8, le=8192, description="Token limit; longer texts are truncated and counted."
     )
 
+    @field_validator("path")
+    @classmethod
+    def _not_a_system_root(cls, path: str | None) -> str | None:
+        return MODEL_PATH_RULE.enforce(path)
+
 
 class Batching(ApiModel):
     model_config = ConfigDict(
@@ -128,7 +132,7 @@ class Batching(ApiModel):
             "x-kubernetes-validations": [
                 # has(): the API server checks the object's `default: {}` against the
                 # rule before nested defaults are filled in.
-                _cel(
+                cel(
                     "!has(self.sortWindow) || !has(self.batchSize) || self.sortWindow == 0 "
                     "|| self.sortWindow >= self.batchSize",
                     "sortWindow must be 0 (no length bucketing) or at least batchSize",
@@ -150,14 +154,10 @@ class Batching(ApiModel):
     )
 
 
-# Ray accepts fractional resource quantities only below 1 ("Resource quantities >1
-# must be whole numbers").
-def _ray_quantity_rule(field: str) -> dict[str, str]:
-    return _cel(
-        f"!has(self.{field}) || self.{field} <= 1.0 || self.{field} == double(int(self.{field}))",
-        f"{field} above 1 must be a whole number (Ray allows fractions only below 1)",
-        f".{field}",
-    )
+WORKER_RULES = {
+    "cpus_per_actor": [ray_quantity("cpusPerActor"), CPU_STEP_RULE],
+    "gpus_per_actor": [ray_quantity("gpusPerActor"), GPU_SHARE_RULE],
+}
 
 
 class Workers(ApiModel):
@@ -165,15 +165,19 @@ class Workers(ApiModel):
 
     model_config = ConfigDict(
         json_schema_extra={
-            "x-kubernetes-validations": [_ray_quantity_rule("cpusPerActor"), _ray_quantity_rule("gpusPerActor")]
+            "x-kubernetes-validations": [
+                *(rule.cel() for rule in WORKER_RULES["cpus_per_actor"] + WORKER_RULES["gpus_per_actor"]),
+            ]
         }
     )
 
     replicas: int = Field(1, ge=1, le=1024, description="EmbeddingWorker actors (and Ray worker pods).")
     cpus_per_actor: float = Field(
-        1, gt=0, le=256, description="num_cpus of each actor; also its torch thread count."
+        1, gt=0, le=256, description=f"num_cpus of each actor; also its torch thread count (a multiple of {CPU_STEP})."
     )
-    gpus_per_actor: float = Field(0, ge=0, le=8, description="num_gpus of each actor; fractions share a GPU.")
+    gpus_per_actor: float = Field(
+        0, ge=0, le=8, description=f"num_gpus of each actor; fractions (at least {MIN_GPU_SHARE}) share a GPU."
+    )
     memory: str | None = Field(
         None,
         pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$",
@@ -187,6 +191,13 @@ class Workers(ApiModel):
         description="Worker image; the operator's default when unset.",
     )
 
+    @field_validator("cpus_per_actor", "gpus_per_actor")
+    @classmethod
+    def _schedulable(cls, value: float, info: ValidationInfo) -> float:
+        for rule in WORKER_RULES[info.field_name]:
+            rule.enforce(value)
+        return value
+
 
 class SecretKeyRef(ApiModel):
     name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
@@ -194,11 +205,27 @@ class SecretKeyRef(ApiModel):
 
 
 class Sink(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                TABLE_RULE.cel(),
+            ]
+        }
+    )
+
     database_secret_ref: SecretKeyRef = Field(
         description="Secret key holding the PostgreSQL URL (postgresql://user:pass@host/db)."
     )
     table: str = Field("embeddings", pattern=SQL_IDENTIFIER, description="Vectors table (created if missing).")
-    collection: str = Field("default", min_length=1, max_length=128, description="Namespace of record ids in the table.")
+    collection: str = Field(
+        "default", min_length=1, max_length=128, pattern=NOT_BLANK,
+        description="Namespace of record ids in the table (no leading or trailing white space).",
+    )
+
+    @field_validator("table")
+    @classmethod
+    def _not_reserved(cls, table: str) -> str:
+        return TABLE_RULE.enforce(table)
 
 
 class Retry(ApiModel):
@@ -206,7 +233,17 @@ class Retry(ApiModel):
     failed_batches_tolerated: int = Field(
         0, ge=0, le=10_000_000, description="Batches that may fail for good before the job fails."
     )
+    failed_batches_tolerated_percent: float | None = Field(
+        None, ge=0, le=100,
+        description="Share of the batches (percent) that may fail for good; the larger of this and "
+        "failedBatchesTolerated applies.",
+    )
     backoff_limit: int = Field(0, ge=0, le=100, description="RayJob backoffLimit (whole-job retries).")
+
+    def failed_batches_allowed(self, batches: int) -> int:
+        """How many of `batches` may fail for good: the count, or the percent of them if that is more."""
+        percent = self.failed_batches_tolerated_percent or 0
+        return max(self.failed_batches_tolerated, math.floor(batches * percent / 100))
 
 
 # KubeRay selects the cluster of a RayJob by this label (utils.RayJobClusterSelectorKey).
@@ -221,27 +258,27 @@ class EmbeddingJobSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _cel(
+                cel(
                     f"!has(self.clusterSelector) || '{RAY_CLUSTER_SELECTOR_KEY}' in self.clusterSelector",
                     f"clusterSelector must name the RayCluster with the label {RAY_CLUSTER_SELECTOR_KEY}",
                     ".clusterSelector",
                 ),
-                _cel(
+                cel(
                     "!has(self.clusterSelector) || !self.suspend",
                     "a job on an existing cluster (clusterSelector) cannot be suspended",
                     ".suspend",
                 ),
-                _cel(
+                cel(
                     "!has(self.clusterSelector) || self.retry.backoffLimit == 0",
                     "retry.backoffLimit must be 0 with clusterSelector (KubeRay cannot retry on an existing cluster)",
                     ".retry.backoffLimit",
                 ),
-                _cel(
+                cel(
                     "!has(self.clusterSelector) || !has(self.ttlSecondsAfterFinished)",
                     "ttlSecondsAfterFinished applies to the job's own cluster; unset it with clusterSelector",
                     ".ttlSecondsAfterFinished",
                 ),
-                _cel(
+                cel(
                     f"!has(self.clusterSelector) || self.clusterSelector.all(k, k.matches('{LABEL_KEY}'))",
                     "clusterSelector keys must be valid label keys",
                     ".clusterSelector",
@@ -263,7 +300,7 @@ class EmbeddingJobSpec(ApiModel):
         None, ge=0, le=31_536_000, description="Seconds a finished job's RayCluster is kept (RayJob ttlSecondsAfterFinished)."
     )
     suspend: bool = Field(False, description="Suspend (or do not start) the job.")
-    cluster_selector: dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]] | None = Field(
+    cluster_selector: dict[str, Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE)]] | None = Field(
         None,
         json_schema_extra={"maxProperties": 16},
         description="Labels of an existing RayCluster to run on instead of creating one.",

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +19,7 @@ from plugins.standin import RayJobRunner
 from support.chart import RELEASE, assert_refused, container_env, helm, the, values_args
 from support.kubectl import apply_job, create_database_secret, get_json, rayjobs, wait_for_condition
 from support.net import free_port
-from support.paths import CHART, SAMPLE
+from support.paths import CHART, REPO, SAMPLE
 from support.polling import wait_until
 from support.sql import query
 
@@ -225,3 +228,48 @@ def test_job_completes_with_the_operator_as_the_chart_runs_it(
         assert "forbidden" not in operator.log().lower(), operator.log()[-3000:]
     finally:
         operator.stop()
+
+
+def test_uninstall_releases_the_jobs_so_deleting_them_completes(kube, namespace, jobs_namespaces, kuberay_operator,
+                                                                tmp_path):
+    """`helm uninstall` runs the chart's pre-delete hook, which takes the operator's finalizer off
+    every job; deleting a job afterwards completes although no operator runs any more. The hook's
+    container runs here as a process (no kubelet), with its environment and its ServiceAccount."""
+    jobs_namespace, _ = jobs_namespaces
+    objects = install(kube, namespace, {"watchNamespaces": [jobs_namespace]})
+    operator = start_operator_as_the_chart_runs_it(kube, namespace, objects, tmp_path / "operator.log")
+    create_database_secret(kube, jobs_namespace, "postgresql://writer:secret@db.example:5432/embed")
+    apply_job(kube, jobs_namespace, "quickstart")
+    job = wait_for_condition(kube, jobs_namespace, "quickstart", "Accepted", timeout=60)
+    assert job["metadata"]["finalizers"] == ["embedjob.dev/cleanup"]
+
+    hooks = [doc for doc in yaml.safe_load_all(helm("get", "hooks", RELEASE, "--namespace", namespace,
+                                                    kubeconfig=kube.kubeconfig).stdout) if doc]
+    hook = the(hooks, "Job")
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = hook["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"][:1] == ["python"] and container["image"] == the(
+        objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    env = {name: value for name, value in os.environ.items() if not name.startswith("EMBEDJOB_")}
+    env |= {e["name"]: e["value"] for e in container["env"]}
+    env["KUBECONFIG"] = kube.kubeconfig_for_serviceaccount(namespace, pod["serviceAccountName"])
+    hook_run = subprocess.run([sys.executable, *container["command"][1:]], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+    assert hook_run.returncode == 0, hook_run.stderr
+    assert f"released {jobs_namespace}/quickstart" in hook_run.stdout
+
+    # The operator, still running, leaves the released job alone: it does not put the finalizer back.
+    kube.kubectl("annotate", "ej", "quickstart", "-n", jobs_namespace, "example.com/touched=1")
+    for _ in range(6):
+        released = get_json(kube, "ej", "quickstart", "-n", jobs_namespace)["metadata"]
+        assert "finalizers" not in released and released["annotations"]["embedjob.dev/released"] == "true"
+        time.sleep(0.5)
+
+    # What the hook Job stood in for is done: uninstall (no kubelet runs the hook here), the operator goes.
+    helm("uninstall", RELEASE, "--namespace", namespace, "--no-hooks", kubeconfig=kube.kubeconfig)
+    operator.stop()
+    started = time.monotonic()
+    kube.kubectl("delete", "ej", "quickstart", "-n", jobs_namespace, "--timeout=30s")
+    assert time.monotonic() - started < 30
+    assert kube.kubectl("get", "ej", "quickstart", "-n", jobs_namespace, check=False).returncode != 0

@@ -126,7 +126,7 @@ def test_non_default_render():
     metrics_ingress = [rule for rule in policy["ingress"] if rule["ports"][0]["port"] == "metrics"]
     assert metrics_ingress[0]["from"] == NON_DEFAULT_VALUES["networkPolicy"]["metricsFrom"]
     egress_ports = {port["port"] for rule in policy["egress"] for port in rule["ports"]}
-    assert egress_ports == {53, 443, 6443, 5432}
+    assert egress_ports == {53, 443, 6443, 5432, 8265}
 
 
 class RecordingEnv(dict):

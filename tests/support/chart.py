@@ -34,9 +34,10 @@ def values_args(values: dict | None) -> list[str]:
     return ["--values", file.name]
 
 
-def render_chart(values: dict | None = None, namespace: str = RELEASE_NAMESPACE) -> list[dict]:
-    """The objects ``helm template`` renders (CRDs excluded)."""
-    out = helm("template", RELEASE, str(CHART), "--namespace", namespace, *values_args(values)).stdout
+def render_chart(values: dict | None = None, namespace: str = RELEASE_NAMESPACE, hooks: bool = False) -> list[dict]:
+    """The objects ``helm template`` renders (CRDs excluded; hooks, such as the uninstall hook, only with ``hooks``)."""
+    no_hooks = [] if hooks else ["--no-hooks"]
+    out = helm("template", RELEASE, str(CHART), "--namespace", namespace, *no_hooks, *values_args(values)).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 

@@ -51,3 +51,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "embedjob-operator.workerImage" -}}
 {{- printf "%s:%s" .Values.worker.image.repository (default .Chart.AppVersion .Values.worker.image.tag) -}}
 {{- end -}}
+
+{{/* The pods' security: the operator and its uninstall hook run the same image the same way. */}}
+{{- define "embedjob-operator.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "embedjob-operator.containerSecurityContext" -}}
+runAsNonRoot: true
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
