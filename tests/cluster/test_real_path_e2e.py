@@ -26,7 +26,8 @@ import pytest
 import sqlalchemy as sa
 
 from support.kubectl import apply_job, condition, create_database_secret, events_for, get_json, rayjobs
-from support.paths import SAMPLE
+from support.kubectl import wait_for_condition
+from support.paths import CORPUS, SAMPLE
 from support.polling import wait_until
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
@@ -49,8 +50,10 @@ def pod_visible_dir() -> Path:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def sample(directory: Path, lines: int) -> tuple[str, list[str]]:
-    rows = SAMPLE.read_text().splitlines()[:lines]
+def sample(directory: Path, lines: int, source: Path = SAMPLE) -> tuple[str, list[str]]:
+    """The first `lines` records of `source` in a file the pods see; (path, record ids)."""
+    with open(source) as f:
+        rows = [line.rstrip("\n") for _, line in zip(range(lines), f)]
     path = directory / f"pep-{lines}.jsonl"
     path.write_text("\n".join(rows) + "\n")
     path.chmod(0o644)
@@ -137,7 +140,7 @@ def real_path(kube, real_node, kuberay_operator, namespace, pod_database_url, st
     for the installed Ray and reads progress from the same database the pods write."""
     create_database_secret(kube, namespace, pod_database_url)
     operator = start_operator(kube, namespace, EMBEDJOB_DATABASE_URL=pod_database_url,
-                              EMBEDJOB_RAY_VERSION=_ray_version())
+                              EMBEDJOB_RAY_VERSION=_ray_version(), EMBEDJOB_CLEANUP_TIMEOUT_SECONDS="180")
     return kube, namespace, operator
 
 
@@ -188,3 +191,85 @@ def test_job_runs_to_complete_through_kuberay_pods(real_path, real_node, kuberay
     assert {"RayJobCreated", "JobRunning", "Succeeded"} <= set(reasons), reasons
     wait_until("the RayCluster removed (shutdownAfterJobFinishes)", lambda: kube.kubectl(
         "get", "raycluster", cluster, "-n", namespace, check=False).returncode != 0, timeout=120)
+
+
+def long_input(directory: Path) -> tuple[str, list[str]]:
+    """Enough records that a job is still running a while after its first batches (the corpus
+    next to the repository; the packaged sample where it is missing)."""
+    return sample(directory, 2000, CORPUS) if CORPUS.exists() else sample(directory, 989)
+
+
+def progress(kube, namespace: str, name: str) -> dict:
+    return get_json(kube, "ej", name, "-n", namespace).get("status", {}).get("progress", {})
+
+
+def ray_pods(kube, namespace: str) -> list[str]:
+    items = get_json(kube, "pods", "-n", namespace, "-l", "ray.io/cluster")["items"]
+    return [p["metadata"]["name"] for p in items]
+
+
+def test_suspend_mid_job_deletes_the_pods_and_resume_finishes_on_new_ones(
+        real_path, real_node, kuberay_operator, pod_database_url, pod_visible_dir):
+    kube, namespace, operator = real_path
+    uri, ids = long_input(pod_visible_dir)
+    with PodWatcher(kube, namespace) as watcher:
+        apply_job(kube, namespace, "pausing", source={"uri": uri}, model=MODEL, batching={"batchSize": 8})
+        wait_until("some progress", lambda: progress(kube, namespace, "pausing").get("batchesSucceeded", 0) > 0,
+                   timeout=600)
+        first_heads = set(watcher.of_kind("head"))
+        assert len(first_heads) == 1, watcher.summary()
+
+        kube.kubectl("patch", "ej", "pausing", "-n", namespace, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+        job = wait_for_condition(kube, namespace, "pausing", "Suspended", timeout=300)
+        assert job["status"]["state"] == "Suspended" and condition(job, "Running")["status"] == "False"
+        # KubeRay deleted the cluster; the garbage collector and the node removed its pods
+        wait_until("the cluster's pods deleted", lambda: not ray_pods(kube, namespace), timeout=300)
+        written_before = len(vectors(pod_database_url))
+        assert 0 < written_before < len(ids), (written_before, len(ids))
+
+        kube.kubectl("patch", "ej", "pausing", "-n", namespace, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+        res = kube.kubectl("wait", "--for=condition=Complete", "ej/pausing", "-n", namespace, "--timeout=900s",
+                           check=False, timeout=960)
+        job = get_json(kube, "ej", "pausing", "-n", namespace)
+        assert res.returncode == 0, (job.get("status"), diagnostics(kube, namespace, real_node, kuberay_operator,
+                                                                     operator, watcher))
+        time.sleep(1.5)
+    print(f"\nsuspend/resume: {written_before} of {len(ids)} vectors before the suspension; pods:\n"
+          f"{watcher.summary()}")
+    assert job["status"]["state"] == "Complete", job["status"]
+    assert condition(job, "Suspended")["status"] == "False"
+    assert job["status"]["progress"]["recordsEmbedded"] == len(ids)
+    rows = vectors(pod_database_url)
+    assert len(rows) == len(ids) and sorted(r[0] for r in rows) == sorted(ids)  # resumed, nothing written twice
+    heads = watcher.of_kind("head")
+    assert len(heads) == 2 and set(heads) - first_heads, watcher.summary()  # a new cluster after the resume
+    assert all("Running" in watcher.phases[h] for h in heads), watcher.summary()
+    assert len(rayjobs(kube, namespace)) == 1
+    reasons = [e["reason"] for e in events_for(kube, namespace, "pausing")]
+    assert {"Suspending", "Suspended"} & set(reasons) and reasons.count("JobRunning") >= 2, reasons
+
+
+def test_deleting_the_job_removes_rayjob_raycluster_and_pods(real_path, real_node, kuberay_operator,
+                                                             pod_database_url, pod_visible_dir):
+    kube, namespace, operator = real_path
+    uri, _ = long_input(pod_visible_dir)
+    apply_job(kube, namespace, "doomed", source={"uri": uri}, model=MODEL, batching={"batchSize": 8})
+    wait_until("some progress", lambda: progress(kube, namespace, "doomed").get("batchesSucceeded", 0) > 0,
+               timeout=600)
+    status = get_json(kube, "ej", "doomed", "-n", namespace)["status"]
+    rayjob, cluster = status["rayJobName"], status["rayClusterName"]
+    pods = ray_pods(kube, namespace)
+    assert len(pods) == 2, pods
+    submitters = [j["metadata"]["name"] for j in get_json(kube, "jobs", "-n", namespace)["items"]]
+    assert len(submitters) == 1, submitters
+
+    started = time.monotonic()
+    kube.kubectl("delete", "ej", "doomed", "-n", namespace, "--timeout=300s", timeout=320)
+    # the operator's finalizer deleted the RayJob; the garbage collector its RayCluster, submitter
+    # Job and their pods, which the test node stopped
+    for kind, name in (("rayjob", rayjob), ("raycluster", cluster), ("job", submitters[0]),
+                       *(("pod", p) for p in pods)):
+        kube.kubectl("wait", "--for=delete", f"{kind}/{name}", "-n", namespace, "--timeout=300s", timeout=320)
+    print(f"\ndeletion: everything gone {time.monotonic() - started:.0f}s after kubectl delete")
+    assert not get_json(kube, "pods", "-n", namespace)["items"]
+    assert "CleanupTimedOut" not in [e["reason"] for e in events_for(kube, namespace, "doomed")]
