@@ -33,7 +33,11 @@ class KubeRayOperator:
 @contextmanager
 def running_kuberay_operator(kube: Kube) -> Iterator[KubeRayOperator]:
     """KubeRay's operator (user kuberay-operator, group system:masters; no leader election, no
-    webhooks; metrics and health probes on free ports) until /readyz; stopped on exit."""
+    webhooks; metrics and health probes on free ports) until /readyz; stopped on exit.
+
+    ``--use-kubernetes-proxy``: the operator reaches a head's dashboard (to submit and follow
+    RayJobs) through the API server's service proxy, as the host does not resolve cluster
+    DNS names or ClusterIPs (tests/envtest/node/README.md)."""
     workdir = kube.workdir / "kuberay-operator"
     workdir.mkdir(exist_ok=True)
     kubeconfig = kube.kubeconfig_for_user("kuberay-operator", ["system:masters"])
@@ -46,6 +50,7 @@ def running_kuberay_operator(kube: Kube) -> Iterator[KubeRayOperator]:
         f"--health-probe-bind-address=127.0.0.1:{probe_port}",
         "--enable-leader-election=false",
         "--log-stdout-encoder=console",
+        "--use-kubernetes-proxy",
     ], log_path, env=env)
     operator = KubeRayOperator(
         process=proc, log_path=log_path, kubeconfig=kubeconfig,

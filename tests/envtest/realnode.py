@@ -53,6 +53,9 @@ TESTS_DIR = NODE_DIR.parent.parent
 NODE_NAME = "embedjob-test-node"
 BINARY_ENV = {"kube_scheduler": "EMBEDJOB_KUBE_SCHEDULER", "kube_controller_manager": "EMBEDJOB_KUBE_CONTROLLER_MANAGER"}
 REAL_NODE_FIXTURES = {"kube_controllers", "real_node"}
+#: The worker image's ENV (worker_image/Dockerfile, built with a baked-in MODEL_PACKAGE): no image
+#: is pulled, so the node gives it to every container (the container's own env wins).
+IMAGE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 #: kube-controller-manager's controllers: what pods, Jobs, Services, ServiceAccounts,
 #: garbage collection and namespace deletion need; no cloud, volume or certificate ones.
@@ -201,7 +204,8 @@ def _agent_args(kube: Kube, name: str, workdir: Path, *, apiserver: bool = True)
     proxy_kc = kube.kubeconfig_for_user("system:kube-proxy")
     args = [sys.executable, "-m", "envtest.node.agent", f"--kubeconfig={node_kc}", f"--proxy-kubeconfig={proxy_kc}",
             f"--node-name={name}", f"--workdir={workdir}", f"--ready-file={workdir / 'ready.json'}",
-            f"--kubelet-version={kube.versions['KUBERNETES_VERSION']}"]
+            f"--kubelet-version={kube.versions['KUBERNETES_VERSION']}",
+            *(f"--image-env={k}={v}" for k, v in IMAGE_ENV.items())]
     if apiserver:  # pods reach the API server through the kubernetes Service
         args.append(f"--apiserver={kube.server.removeprefix('https://')}")
     return args

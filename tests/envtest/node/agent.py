@@ -62,6 +62,9 @@ class Node:
         venv_bin = os.path.dirname(sys.executable)
         self.path = f"{venv_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         self.home_keep = runtime_home_entries()
+        # What an image's ENV lines would give every container (no image is pulled): the
+        # container's own env overrides it, as in a kubelet.
+        self.image_env = dict(item.split("=", 1) for item in args.image_env)
         self.names = runs.RunNames(runs.new_run_id())
         self.network = PodNetwork(self.names)
         self.services: ServiceProxy | None = None
@@ -235,6 +238,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cluster-domain", default="cluster.local")
     p.add_argument("--kubelet-version", default="v0.0.0-embedjob-test-node")
     p.add_argument("--restart-backoff", type=float, default=10.0, help="first restart back-off in seconds")
+    p.add_argument("--image-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an image's ENV, given to every container (no image is pulled); repeatable")
     p.add_argument("--ready-file", help="written (JSON: run id, bridge, subnet, gateway) once the node is registered")
     return p.parse_args(argv)
 

@@ -304,7 +304,7 @@ class PodWorker(threading.Thread):
         pod = self.latest()
         spec = c.spec
         services_env = self.node.services.service_env(self.ns)
-        base = {"PATH": self.node.path, "HOSTNAME": self.hostname, "HOME": "/root"}
+        base = {**self.node.image_env, "PATH": self.node.path, "HOSTNAME": self.hostname, "HOME": "/root"}
         try:
             env = envvars.resolve(self._view(pod), spec, self._lookup, base, services_env,
                                   self.node.allocatable)

