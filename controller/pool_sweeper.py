@@ -56,7 +56,8 @@ class Removal:
 class PoolSweeper:
     """Finds idle pools every EMBEDJOB_POOL_SWEEP_SECONDS (or sooner when woken) and removes them."""
 
-    def __init__(self, settings: Settings, kube: KubeApi, store: LeaseStore, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, settings: Settings, kube: KubeApi, store: LeaseStore,
+                 clock: Callable[[], float] = time.monotonic):
         self.settings, self.kube, self.store, self._clock = settings, kube, store, clock
         self._wakeup = asyncio.Event()
         self._failures: dict[PoolKey, tuple[int, float]] = {}  # failed removals: (count, not before)

@@ -1,4 +1,4 @@
-"""`python -m controller.release`: releases every EmbeddingJob from the operator, so that deleting it never waits for one.
+"""`python -m controller.release`: releases every EmbeddingJob from the operator, so deleting it never waits.
 
 Run before the operator goes for good (the chart's pre-delete hook runs it on
 `helm uninstall`). Each job in the watched namespaces (`EMBEDJOB_WATCH_NAMESPACES`,

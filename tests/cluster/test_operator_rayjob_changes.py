@@ -53,7 +53,8 @@ def test_acceptance_is_refused_for_a_version_edited_after_its_review(kube, names
     in between (a newer resourceVersion) makes the write fail, so the edit is reviewed, never
     ignored; once accepted, the API server refuses further spec edits."""
     reviewed = apply_job(kube, namespace, "edited")
-    kube.kubectl("patch", "ej", "edited", "-n", namespace, "--type=merge", "-p", '{"spec": {"batching": {"batchSize": 32}}}')
+    kube.kubectl("patch", "ej", "edited", "-n", namespace, "--type=merge",
+                 "-p", '{"spec": {"batching": {"batchSize": 32}}}')
     keeper = _keeper(kube)
 
     assert asyncio.run(keeper.accept(reviewed)) is False
