@@ -121,3 +121,23 @@ def test_a_second_driver_of_a_running_job_refuses_or_waits_and_the_counts_stay_e
     assert run[0].records_embedded == first[0].counters.records_embedded
     assert query(database_url, "SELECT count(*) FROM embeddings")[0][0] == run[0].records_embedded
     assert query(database_url, "SELECT count(*) FROM embedjob_batch_attempts")[0][0] == run[0].batches_total
+
+
+def test_a_percentage_tolerance_is_decided_on_all_batches_and_nothing_embedded_is_never_success(
+        ray_address, database_url, tmp_path):
+    source = write_input(tmp_path / "all-fail.jsonl", corpus_lines(3000, 64))
+    failing = DriverOptions(fault_injection={"oom_above": 0})  # even a single text "runs out of memory"
+
+    tolerated = JobConfig.from_manifest(manifest(source, "tolerated", batch_size=16, attemptsPerBatch=1,
+                                                 failedBatchesToleratedPercent=100))
+    summary = run_job(tolerated, database_url, failing)
+    assert (summary.state, summary.reason) == ("failed", "NothingEmbedded"), summary.error
+    assert summary.counters.batches_failed == 4 and summary.counters.records_embedded == 0
+
+    half = JobConfig.from_manifest(manifest(source, "half", batch_size=16, attemptsPerBatch=1,
+                                            failedBatchesToleratedPercent=50))
+    summary = run_job(half, database_url, failing)
+    assert (summary.state, summary.reason) == ("failed", "TooManyFailedBatches"), summary.error
+    assert "more than the 2 that" in summary.error and "of 4 batches" in summary.error
+    # Every batch was still tried: the percentage is only known once the input is read through.
+    assert summary.counters.batches_failed == 4

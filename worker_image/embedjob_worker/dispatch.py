@@ -25,7 +25,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from embedjob.api import EmbeddingJobSpec
 
 from .batching import Batch
-from .errors import JobFailed, backoff_seconds
+from .errors import JobFailed, backoff_seconds, too_many_failed_batches
 from .inflight import InFlightBatches
 from .logs import log_event
 from .metrics import DriverMetrics
@@ -218,10 +218,11 @@ class Dispatcher:
             return None
         self.metrics.batches.labels("failed").inc()
         self.failed_batches += 1
-        tolerated = self.spec.retry.failed_batches_tolerated
-        if self.failed_batches > tolerated and self.failure is None:
-            self.failure = JobFailed("TooManyFailedBatches", f"{self.failed_batches} batch(es) failed for good, more "
-                                     f"than spec.retry.failedBatchesTolerated={tolerated}; last: {reason}: {message}")
+        retry = self.spec.retry
+        # A percentage is of all batches, known once the input is read through: the run decides
+        # it at its end (too_many_failed_batches); a plain count can stop the job at once.
+        if retry.failed_batches_tolerated_percent is None and self.failure is None:
+            self.failure = too_many_failed_batches(retry, self.failed_batches, None, f"last: {reason}: {message}")
         return BatchOutcome(attempt.batch.batch_id, "failed", attempt.batch.records, attempt.history,
                             attempt.first_started_at, error=f"{reason}: {message}"[:4000],
                             duration_s=(now() - attempt.first_started_at).total_seconds())

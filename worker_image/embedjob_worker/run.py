@@ -21,7 +21,7 @@ from embedjob.api import RunCounters
 from .batching import batch_key
 from .config import JobConfig, config_fingerprint, run_identity
 from .dispatch import Dispatcher
-from .errors import DB_ERRORS, JobFailed, Unreachable
+from .errors import DB_ERRORS, JobFailed, Unreachable, too_many_failed_batches
 from .feed import batches_to_embed
 from .lease import PoolLease
 from .logs import log_event
@@ -134,10 +134,23 @@ class JobRun:
                 batches = batches_to_embed(spec, uri, key, done_before, self.tally, self.metrics,
                                            writer.put_bad_records, SeenIds(self.sink.engine, run_id))
                 dispatcher.run(batches, writer, self._report)
-                failure = dispatcher.failure
+                failure = dispatcher.failure or self._outcome_failure(dispatcher.failed_batches)
             except JobFailed as exc:
                 failure = exc
         return writer.failure() or failure
+
+    def _outcome_failure(self, failed_batches: int) -> JobFailed | None:
+        """Once every batch has been tried: too many failed batches for a percentage tolerance,
+        or an input with records of which none was embedded (never reported as success)."""
+        counters = self.tally.counters()
+        too_many = too_many_failed_batches(self.spec.retry, failed_batches, counters.batches_total,
+                                           "the percentage is of all the input's batches")
+        if too_many is not None:
+            return too_many
+        if counters.records_total and not counters.records_embedded:
+            return JobFailed("NothingEmbedded", f"none of the input's {counters.records_total} records was embedded; "
+                                                "their reasons are in embedjob_record_errors")
+        return None
 
     def _dispatcher(self, actors: ActorSet, resolved: ResolvedModel, skipping: int) -> Dispatcher:
         """Once every actor has loaded the job's model: the vectors table, and the dispatcher."""
