@@ -333,3 +333,39 @@ def test_fractional_gpus_schedule_two_worker_pods_with_one_gpu_each(real_path, r
         assert pod["spec"]["nodeName"] == real_node.name
         assert "--num-gpus=1" in " ".join(container.get("args", []) + container.get("command", [])), container
     kube.kubectl("delete", "ej", "halves", "-n", namespace, "--timeout=300s", timeout=320)
+
+
+def test_head_pod_deleted_mid_job_resumes_without_recomputing_finished_batches(
+        real_path, real_node, kuberay_operator, pod_database_url, pod_visible_dir):
+    kube, namespace, operator = real_path
+    uri, ids = long_input(pod_visible_dir)
+    with PodWatcher(kube, namespace) as watcher:
+        apply_job(kube, namespace, "headless", source={"uri": uri}, model=MODEL, batching={"batchSize": 8},
+                  retry={"backoffLimit": 2})
+        wait_until("some progress", lambda: progress(kube, namespace, "headless").get("batchesSucceeded", 0) > 0,
+                   timeout=600)
+        [head] = watcher.of_kind("head")
+        kube.kubectl("delete", "pod", head, "-n", namespace, "--wait=false")
+        job = wait_until("the job to finish", lambda: (lambda j: j if j.get("status", {}).get("state") in (
+            "Complete", "Failed") else None)(get_json(kube, "ej", "headless", "-n", namespace)), timeout=900)
+        time.sleep(1.5)
+        print(f"\nhead deleted: {json.dumps(job['status'], indent=1)}\npods:\n{watcher.summary()}")
+        assert job["status"]["state"] == "Complete", (job["status"], diagnostics(
+            kube, namespace, real_node, kuberay_operator, operator, watcher))
+    # KubeRay started a new head; the submitter that followed the lost one failed and a new
+    # submitter pod ran the driver again, which skipped the batches already done
+    heads, submitters = watcher.of_kind("head"), watcher.submitters()
+    assert len(heads) == 2, watcher.summary()
+    assert len(submitters) >= 2 and "Succeeded" in [watcher.phases[s][-1] for s in submitters], watcher.summary()
+    assert job["status"]["progress"]["recordsEmbedded"] == len(ids)
+    rows = vectors(pod_database_url)
+    assert len(rows) == len(ids) and sorted(r[0] for r in rows) == sorted(ids)
+    engine = sa.create_engine(pod_database_url)
+    try:
+        with engine.connect() as conn:
+            table = db.batch_attempts
+            succeeded = conn.execute(sa.select(table.c.batch_id, sa.func.count()).where(
+                table.c.outcome == "succeeded").group_by(table.c.batch_id)).all()
+    finally:
+        engine.dispose()
+    assert succeeded and {n for _, n in succeeded} == {1}  # no finished batch computed twice
