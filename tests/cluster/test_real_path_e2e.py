@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from embedjob import db
 from support.kubectl import apply_job, condition, create_database_secret, events_for, get_json, rayjobs
 from support.kubectl import wait_for_condition
 from support.paths import CORPUS, SAMPLE
@@ -273,3 +274,98 @@ def test_deleting_the_job_removes_rayjob_raycluster_and_pods(real_path, real_nod
     print(f"\ndeletion: everything gone {time.monotonic() - started:.0f}s after kubectl delete")
     assert not get_json(kube, "pods", "-n", namespace)["items"]
     assert "CleanupTimedOut" not in [e["reason"] for e in events_for(kube, namespace, "doomed")]
+
+
+def batch_attempts(database_url: str) -> list[tuple]:
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            table = db.batch_attempts
+            return conn.execute(sa.select(table.c.outcome, table.c.reason)).all()
+    finally:
+        engine.dispose()
+
+
+def test_worker_pod_deleted_mid_job_loses_nothing_and_records_the_retry(
+        real_path, real_node, kuberay_operator, pod_database_url, pod_visible_dir):
+    kube, namespace, operator = real_path
+    uri, ids = long_input(pod_visible_dir)
+    with PodWatcher(kube, namespace) as watcher:
+        apply_job(kube, namespace, "lossy", source={"uri": uri}, model=MODEL, batching={"batchSize": 8})
+        wait_until("some progress", lambda: progress(kube, namespace, "lossy").get("batchesSucceeded", 0) > 0,
+                   timeout=600)
+        [worker] = watcher.of_kind("worker")
+        kube.kubectl("delete", "pod", worker, "-n", namespace, "--wait=false")
+        res = kube.kubectl("wait", "--for=condition=Complete", "ej/lossy", "-n", namespace, "--timeout=900s",
+                           check=False, timeout=960)
+        job = get_json(kube, "ej", "lossy", "-n", namespace)
+        assert res.returncode == 0, (job.get("status"), diagnostics(kube, namespace, real_node, kuberay_operator,
+                                                                     operator, watcher))
+        time.sleep(1.5)
+    print(f"\nworker deleted: pods:\n{watcher.summary()}")
+    workers = watcher.of_kind("worker")
+    assert len(workers) == 2 and len(watcher.of_kind("head")) == 1, watcher.summary()  # KubeRay replaced it
+    assert job["status"]["progress"]["recordsEmbedded"] == len(ids)
+    rows = vectors(pod_database_url)
+    assert len(rows) == len(ids) and sorted(r[0] for r in rows) == sorted(ids)  # nothing lost or duplicated
+    outcomes = [o for o, _ in batch_attempts(pod_database_url)]
+    assert "retry" in outcomes, outcomes  # the lost actor's batches were retried, and that is recorded
+
+
+def test_fractional_gpus_schedule_two_worker_pods_with_one_gpu_each(real_path, real_node, kuberay_operator,
+                                                                     pod_visible_dir):
+    """gpusPerActor 0.5 x 4 replicas: 2 worker pods, each asking for one nvidia.com/gpu, scheduled
+    on the node that advertises 4 and running Ray with 1 GPU each. The actors would load the model
+    on CUDA, which this machine lacks: the job itself is not run to completion here."""
+    kube, namespace, operator = real_path
+    uri, _ = sample(pod_visible_dir, 60)
+    apply_job(kube, namespace, "halves", source={"uri": uri}, model=MODEL,
+              workers={"replicas": 4, "gpusPerActor": 0.5, "cpusPerActor": 0.5})
+
+    def workers_running():
+        items = get_json(kube, "pods", "-n", namespace, "-l", "ray.io/node-type=worker")["items"]
+        return items if len(items) == 2 and all(p["status"].get("phase") == "Running" for p in items) else None
+
+    pods = wait_until("2 worker pods Running", workers_running, timeout=300)
+    for pod in pods:
+        container = pod["spec"]["containers"][0]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "1", container["resources"]
+        assert pod["spec"]["nodeName"] == real_node.name
+        assert "--num-gpus=1" in " ".join(container.get("args", []) + container.get("command", [])), container
+    kube.kubectl("delete", "ej", "halves", "-n", namespace, "--timeout=300s", timeout=320)
+
+
+def test_head_pod_deleted_mid_job_resumes_without_recomputing_finished_batches(
+        real_path, real_node, kuberay_operator, pod_database_url, pod_visible_dir):
+    kube, namespace, operator = real_path
+    uri, ids = long_input(pod_visible_dir)
+    with PodWatcher(kube, namespace) as watcher:
+        apply_job(kube, namespace, "headless", source={"uri": uri}, model=MODEL, batching={"batchSize": 8},
+                  retry={"backoffLimit": 2})
+        wait_until("some progress", lambda: progress(kube, namespace, "headless").get("batchesSucceeded", 0) > 0,
+                   timeout=600)
+        [head] = watcher.of_kind("head")
+        kube.kubectl("delete", "pod", head, "-n", namespace, "--wait=false")
+        job = wait_until("the job to finish", lambda: (lambda j: j if j.get("status", {}).get("state") in (
+            "Complete", "Failed") else None)(get_json(kube, "ej", "headless", "-n", namespace)), timeout=900)
+        time.sleep(1.5)
+        print(f"\nhead deleted: {json.dumps(job['status'], indent=1)}\npods:\n{watcher.summary()}")
+        assert job["status"]["state"] == "Complete", (job["status"], diagnostics(
+            kube, namespace, real_node, kuberay_operator, operator, watcher))
+    # KubeRay started a new head; the submitter that followed the lost one failed and a new
+    # submitter pod ran the driver again, which skipped the batches already done
+    heads, submitters = watcher.of_kind("head"), watcher.submitters()
+    assert len(heads) == 2, watcher.summary()
+    assert len(submitters) >= 2 and "Succeeded" in [watcher.phases[s][-1] for s in submitters], watcher.summary()
+    assert job["status"]["progress"]["recordsEmbedded"] == len(ids)
+    rows = vectors(pod_database_url)
+    assert len(rows) == len(ids) and sorted(r[0] for r in rows) == sorted(ids)
+    engine = sa.create_engine(pod_database_url)
+    try:
+        with engine.connect() as conn:
+            table = db.batch_attempts
+            succeeded = conn.execute(sa.select(table.c.batch_id, sa.func.count()).where(
+                table.c.outcome == "succeeded").group_by(table.c.batch_id)).all()
+    finally:
+        engine.dispose()
+    assert succeeded and {n for _, n in succeeded} == {1}  # no finished batch computed twice
