@@ -10,13 +10,13 @@ import signal
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from plugins.standin import RayJobRunner
 from support.kubectl import (apply_job, condition, create_database_secret, events_for, get_json, rayjobs,
                              wait_for_condition)
 from support.paths import REPO
 from support.polling import wait_until
+from support.sql import vectors
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
@@ -53,17 +53,6 @@ def e2e(kube_without_kuberay, standin_namespace, local_ray, database_url, start_
 def finished(kube, namespace: str, name: str) -> dict | None:
     job = get_json(kube, "ej", name, "-n", namespace)
     return job if job.get("status", {}).get("state") in ("Complete", "Failed") else None
-
-
-def vectors(database_url: str) -> list[tuple]:
-    engine = sa.create_engine(database_url)
-    try:
-        with engine.connect() as conn:
-            return conn.execute(sa.text(
-                "SELECT record_id, model, vector_dims(embedding), round(vector_norm(embedding)::numeric, 3)"
-                " FROM embeddings WHERE collection = 'default'")).all()
-    finally:
-        engine.dispose()
 
 
 def test_job_runs_to_complete_with_exact_vectors(e2e, database_url, tmp_path):

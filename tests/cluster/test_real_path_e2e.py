@@ -30,6 +30,7 @@ from support.kubectl import apply_job, condition, create_database_secret, events
 from support.kubectl import wait_for_condition
 from support.paths import CORPUS, SAMPLE
 from support.polling import wait_until
+from support.sql import vectors
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
@@ -105,15 +106,13 @@ class PodWatcher:
         return "\n".join(f"{name}: {' -> '.join(p)}" for name, p in sorted(self.phases.items()))
 
 
-def vectors(database_url: str) -> list[tuple]:
-    engine = sa.create_engine(database_url)
-    try:
-        with engine.connect() as conn:
-            return conn.execute(sa.text(
-                "SELECT record_id, model, vector_dims(embedding), round(vector_norm(embedding)::numeric, 3)"
-                " FROM embeddings WHERE collection = 'default'")).all()
-    finally:
-        engine.dispose()
+def wait_complete(kube, namespace: str, name: str, explain) -> dict:
+    """`kubectl wait --for=condition=Complete` on the job; the job, or a failed assertion with `explain()`."""
+    res = kube.kubectl("wait", "--for=condition=Complete", f"ej/{name}", "-n", namespace, "--timeout=900s",
+                       check=False, timeout=960)
+    job = get_json(kube, "ej", name, "-n", namespace)
+    assert res.returncode == 0, (job.get("status"), explain())
+    return job
 
 
 def diagnostics(kube, namespace, real_node, kuberay_operator, operator, watcher) -> str:
@@ -152,11 +151,8 @@ def test_job_runs_to_complete_through_kuberay_pods(real_path, real_node, kuberay
     started = time.monotonic()
     with PodWatcher(kube, namespace) as watcher:
         apply_job(kube, namespace, "pep", source={"uri": uri}, model=MODEL, batching={"batchSize": 16})
-        res = kube.kubectl("wait", "--for=condition=Complete", "ej/pep", "-n", namespace, "--timeout=900s",
-                           check=False, timeout=960)
-        job = get_json(kube, "ej", "pep", "-n", namespace)
-        assert res.returncode == 0, (job.get("status"), diagnostics(kube, namespace, real_node, kuberay_operator,
-                                                                     operator, watcher))
+        job = wait_complete(kube, namespace, "pep", lambda: diagnostics(kube, namespace, real_node,
+                                                                            kuberay_operator, operator, watcher))
         # the pods KubeRay made, run by the test node: head and worker Running, the submitter Succeeded
         time.sleep(1.5)
     print(f"\nreal path: Complete after {time.monotonic() - started:.0f}s; pods:\n{watcher.summary()}")
@@ -229,11 +225,8 @@ def test_suspend_mid_job_deletes_the_pods_and_resume_finishes_on_new_ones(
         assert 0 < written_before < len(ids), (written_before, len(ids))
 
         kube.kubectl("patch", "ej", "pausing", "-n", namespace, "--type=merge", "-p", '{"spec": {"suspend": false}}')
-        res = kube.kubectl("wait", "--for=condition=Complete", "ej/pausing", "-n", namespace, "--timeout=900s",
-                           check=False, timeout=960)
-        job = get_json(kube, "ej", "pausing", "-n", namespace)
-        assert res.returncode == 0, (job.get("status"), diagnostics(kube, namespace, real_node, kuberay_operator,
-                                                                     operator, watcher))
+        job = wait_complete(kube, namespace, "pausing", lambda: diagnostics(kube, namespace, real_node,
+                                                                            kuberay_operator, operator, watcher))
         time.sleep(1.5)
     print(f"\nsuspend/resume: {written_before} of {len(ids)} vectors before the suspension; pods:\n"
           f"{watcher.summary()}")
@@ -296,11 +289,8 @@ def test_worker_pod_deleted_mid_job_loses_nothing_and_records_the_retry(
                    timeout=600)
         [worker] = watcher.of_kind("worker")
         kube.kubectl("delete", "pod", worker, "-n", namespace, "--wait=false")
-        res = kube.kubectl("wait", "--for=condition=Complete", "ej/lossy", "-n", namespace, "--timeout=900s",
-                           check=False, timeout=960)
-        job = get_json(kube, "ej", "lossy", "-n", namespace)
-        assert res.returncode == 0, (job.get("status"), diagnostics(kube, namespace, real_node, kuberay_operator,
-                                                                     operator, watcher))
+        job = wait_complete(kube, namespace, "lossy", lambda: diagnostics(kube, namespace, real_node,
+                                                                            kuberay_operator, operator, watcher))
         time.sleep(1.5)
     print(f"\nworker deleted: pods:\n{watcher.summary()}")
     workers = watcher.of_kind("worker")

@@ -10,3 +10,9 @@ def query(url: str, sql: str, **params) -> list:
         rows = conn.execute(sa.text(sql), params).all()
     engine.dispose()
     return rows
+
+
+def vectors(url: str, collection: str = "default") -> list:
+    """(record id, model, dimensions, norm to 3 places) of each vector of a collection in `embeddings`."""
+    return query(url, "SELECT record_id, model, vector_dims(embedding), round(vector_norm(embedding)::numeric, 3)"
+                      " FROM embeddings WHERE collection = :collection", collection=collection)
