@@ -1,8 +1,8 @@
 """Peak RSS of the driver's data path (reader, checks, batcher) as the input grows.
 
 Streams generated JSONL inputs of each size through `embedjob_worker.feed.batches_to_embed`
-(the same reader, record checks and length-sorted batcher the driver runs; no model, no
-Ray, no database: the batches are dropped) in a fresh process per measurement, and reports
+(the same reader, record checks, duplicate-id claims in PostgreSQL and length-sorted
+batcher the driver runs; no model, no Ray: the batches are dropped) in a fresh process per measurement, and reports
 that process's peak RSS. Sizes alternate in each round (bench/rounds.py). Memory is flat
 when the largest input's peak is within 10% of the smallest's.
 
@@ -39,16 +39,32 @@ def generate(path: Path, count: int) -> None:
 
 
 def stream(path: str) -> None:
-    """Run in a child process: feed every record through the data path, print peak RSS in MB."""
+    """Run in a child process: feed every record through the data path, print peak RSS in MB.
+
+    Duplicate ids are decided in PostgreSQL as the driver does (embedjob_seen_ids), by an
+    embedded server in its own processes, so its memory is not counted here."""
+    import pgserver
+
     from embedjob.api import parse_spec
     from embedjob_worker.feed import batches_to_embed
     from embedjob_worker.metrics import DriverMetrics
+    from embedjob_worker.seen_ids import SeenIds
+    from embedjob_worker.sink import PostgresSink, content_salt
     from embedjob_worker.tally import RunTally
 
     spec = parse_spec({"source": {"uri": path}, "model": {"name": "m", "revision": "r"},
                        "sink": {"databaseSecretRef": {"name": "db"}}})
-    tally = RunTally()
-    batches = sum(1 for _ in batches_to_embed(spec, path, "bench", {}, tally, DriverMetrics(), lambda bad: None))
+    with tempfile.TemporaryDirectory() as tmp:
+        server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="delete")
+        try:
+            sink = PostgresSink(server.get_uri(), "bench/memory", "bench", "embeddings", content_salt(True, None))
+            sink.migrate()
+            run = sink.start_run("memory", "bench", "m", "r", "input", "config", new_run=False)
+            batches = sum(1 for _ in batches_to_embed(spec, path, "bench", {}, RunTally(), DriverMetrics(),
+                                                       lambda bad: None, SeenIds(sink.engine, run.run_id)))
+            sink.close()
+        finally:
+            server.cleanup()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"batches": batches, "peak_rss_mb": peak_mb}))
 
