@@ -33,18 +33,29 @@ from .services import ServiceProxy
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "nft")
 
 
-def runtime_home_entries(home: str = "/root") -> list[str]:
-    """The entries of root's home that the Python runtime lives in (pyenv, the virtualenvs): a
-    container's /root keeps these and nothing else of the developer's home."""
-    paths = [sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix,
+# The checkout the tests run from: its packages are installed in editable mode, so in a
+# container it is part of the "image" (tests/envtest/node/agent.py -> the repository root).
+REPO = Path(__file__).resolve().parents[3]
+
+
+def image_paths() -> list[str]:
+    """Where the Python runtime and this project's code live: what a worker image would hold."""
+    paths = [sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix, str(REPO),
              *(p for p in sys.path if p)]
-    keep = set()
-    for p in paths:
-        real = os.path.realpath(p)
-        for candidate in (os.path.abspath(p), real):
-            if candidate.startswith(home + "/"):
-                keep.add(candidate[len(home) + 1:].split("/")[0])
-    return sorted(keep)
+    return sorted({form for p in paths for form in (os.path.abspath(p), os.path.realpath(p))})
+
+
+def runtime_home_entries(home: str = "/root") -> list[str]:
+    """The entries of root's home that the runtime and the code live in (pyenv, the virtualenvs,
+    a checkout): a container's /root keeps these and nothing else of the developer's home."""
+    return sorted({p[len(home) + 1:].split("/")[0] for p in image_paths() if p.startswith(home + "/")})
+
+
+def runtime_tmp_paths() -> list[str]:
+    """The runtime and code paths under /tmp (e.g. a checkout there): bound into each container's
+    private /tmp at the same place, outermost only."""
+    under = [p for p in image_paths() if p.startswith("/tmp/") and os.path.exists(p)]
+    return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
 
 
 class Node:
@@ -62,6 +73,7 @@ class Node:
         venv_bin = os.path.dirname(sys.executable)
         self.path = f"{venv_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         self.home_keep = runtime_home_entries()
+        self.tmp_keep = runtime_tmp_paths()
         # What an image's ENV lines would give every container (no image is pulled): the
         # container's own env overrides it, as in a kubelet.
         self.image_env = dict(item.split("=", 1) for item in args.image_env)

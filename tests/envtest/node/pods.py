@@ -325,6 +325,8 @@ class PodWorker(threading.Thread):
         user_paths = {m["mountPath"].rstrip("/") for m in spec.get("volumeMounts", [])}
         if "/tmp" not in user_paths:
             mounts.append({"src": str(cdir / "tmp"), "dst": "/tmp"})
+            # the image's parts that happen to live under /tmp on this machine stay visible
+            mounts += [{"src": path, "dst": path, "readonly": True} for path in self.node.tmp_keep]
         try:
             for m in spec.get("volumeMounts", []):
                 m = dict(m)
