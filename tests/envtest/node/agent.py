@@ -38,10 +38,10 @@ REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "nft")
 REPO = Path(__file__).resolve().parents[3]
 
 
-def image_paths() -> list[str]:
+def image_paths(with_sys_path: bool = True) -> list[str]:
     """Where the Python runtime and this project's code live: what a worker image would hold."""
     paths = [sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix, str(REPO),
-             *(p for p in sys.path if p)]
+             *(p for p in sys.path if p and with_sys_path)]
     return sorted({form for p in paths for form in (os.path.abspath(p), os.path.realpath(p))})
 
 
@@ -52,9 +52,10 @@ def runtime_home_entries(home: str = "/root") -> list[str]:
 
 
 def runtime_tmp_paths() -> list[str]:
-    """The runtime and code paths under /tmp (e.g. a checkout there): bound into each container's
-    private /tmp at the same place, outermost only."""
-    under = [p for p in image_paths() if p.startswith("/tmp/") and os.path.exists(p)]
+    """The runtime and the checkout where they lie under /tmp (e.g. a CI clone there): bound into
+    each container's private /tmp at the same place, outermost only. Not sys.path: the agent's
+    working directory is no part of an image."""
+    under = [p for p in image_paths(with_sys_path=False) if p.startswith("/tmp/") and os.path.exists(p)]
     return [p for p in under if not any(p != q and p.startswith(q + "/") for q in under)]
 
 
