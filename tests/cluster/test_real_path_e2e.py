@@ -200,6 +200,12 @@ def progress(kube, namespace: str, name: str) -> dict:
     return get_json(kube, "ej", name, "-n", namespace).get("status", {}).get("progress", {})
 
 
+def start_long_job(kube, namespace: str, name: str, uri: str, **spec) -> None:
+    """Apply a job over the long input (batches of 8) and wait until its first batch is written."""
+    apply_job(kube, namespace, name, source={"uri": uri}, model=MODEL, batching={"batchSize": 8}, **spec)
+    wait_until("some progress", lambda: progress(kube, namespace, name).get("batchesSucceeded", 0) > 0, timeout=600)
+
+
 def ray_pods(kube, namespace: str) -> list[str]:
     items = get_json(kube, "pods", "-n", namespace, "-l", "ray.io/cluster")["items"]
     return [p["metadata"]["name"] for p in items]
@@ -210,9 +216,7 @@ def test_suspend_mid_job_deletes_the_pods_and_resume_finishes_on_new_ones(
     kube, namespace, operator = real_path
     uri, ids = long_input(pod_visible_dir)
     with PodWatcher(kube, namespace) as watcher:
-        apply_job(kube, namespace, "pausing", source={"uri": uri}, model=MODEL, batching={"batchSize": 8})
-        wait_until("some progress", lambda: progress(kube, namespace, "pausing").get("batchesSucceeded", 0) > 0,
-                   timeout=600)
+        start_long_job(kube, namespace, "pausing", uri)
         first_heads = set(watcher.of_kind("head"))
         assert len(first_heads) == 1, watcher.summary()
 
@@ -247,9 +251,7 @@ def test_deleting_the_job_removes_rayjob_raycluster_and_pods(real_path, real_nod
                                                              pod_database_url, pod_visible_dir):
     kube, namespace, operator = real_path
     uri, _ = long_input(pod_visible_dir)
-    apply_job(kube, namespace, "doomed", source={"uri": uri}, model=MODEL, batching={"batchSize": 8})
-    wait_until("some progress", lambda: progress(kube, namespace, "doomed").get("batchesSucceeded", 0) > 0,
-               timeout=600)
+    start_long_job(kube, namespace, "doomed", uri)
     status = get_json(kube, "ej", "doomed", "-n", namespace)["status"]
     rayjob, cluster = status["rayJobName"], status["rayClusterName"]
     pods = ray_pods(kube, namespace)
@@ -284,9 +286,7 @@ def test_worker_pod_deleted_mid_job_loses_nothing_and_records_the_retry(
     kube, namespace, operator = real_path
     uri, ids = long_input(pod_visible_dir)
     with PodWatcher(kube, namespace) as watcher:
-        apply_job(kube, namespace, "lossy", source={"uri": uri}, model=MODEL, batching={"batchSize": 8})
-        wait_until("some progress", lambda: progress(kube, namespace, "lossy").get("batchesSucceeded", 0) > 0,
-                   timeout=600)
+        start_long_job(kube, namespace, "lossy", uri)
         [worker] = watcher.of_kind("worker")
         kube.kubectl("delete", "pod", worker, "-n", namespace, "--wait=false")
         job = wait_complete(kube, namespace, "lossy", lambda: diagnostics(kube, namespace, real_node,
@@ -330,10 +330,7 @@ def test_head_pod_deleted_mid_job_resumes_without_recomputing_finished_batches(
     kube, namespace, operator = real_path
     uri, ids = long_input(pod_visible_dir)
     with PodWatcher(kube, namespace) as watcher:
-        apply_job(kube, namespace, "headless", source={"uri": uri}, model=MODEL, batching={"batchSize": 8},
-                  retry={"backoffLimit": 2})
-        wait_until("some progress", lambda: progress(kube, namespace, "headless").get("batchesSucceeded", 0) > 0,
-                   timeout=600)
+        start_long_job(kube, namespace, "headless", uri, retry={"backoffLimit": 2})
         [head] = watcher.of_kind("head")
         kube.kubectl("delete", "pod", head, "-n", namespace, "--wait=false")
         job = wait_until("the job to finish", lambda: (lambda j: j if j.get("status", {}).get("state") in (
