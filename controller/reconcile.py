@@ -112,7 +112,8 @@ async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str
     deleted = await rayjob_deleted(job, current, rayjob, ctx)
     if ctx.runs is not None and (deployment in PROGRESS_STATES or deleted) and not status.is_final(current):
         try:
-            run = await asyncio.to_thread(ctx.runs.latest, job["metadata"]["uid"])
+            meta = job["metadata"]
+            run = await asyncio.to_thread(ctx.runs.latest, meta["uid"], meta["namespace"], meta["name"])
         except RunUnavailable as exc:
             progress_error = str(exc)
     return status.Observation(

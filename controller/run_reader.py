@@ -56,9 +56,13 @@ class RunReader:
             },
         )
 
-    def latest(self, job_key: str) -> RunRow | None:
-        """The newest run of the job, None before the driver started one."""
-        query = sa.select(*_RUN_COLUMNS).where(runs.c.job_key == job_key).order_by(runs.c.started_at.desc()).limit(1)
+    def latest(self, uid: str, namespace: str, name: str) -> RunRow | None:
+        """The newest run of the job, None before the driver started one. A row counts only where its
+        job_key, namespace and job_name are the job's: a row written under another namespace's
+        database role (docs/install.md) can never drive this job's status."""
+        query = (sa.select(*_RUN_COLUMNS)
+                 .where(runs.c.job_key == uid, runs.c.namespace == namespace, runs.c.job_name == name)
+                 .order_by(runs.c.started_at.desc()).limit(1))
         try:
             with self._engine.connect() as conn:
                 row = conn.execute(query).mappings().first()

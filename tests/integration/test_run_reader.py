@@ -35,10 +35,10 @@ def test_reads_the_newest_run_of_the_job(database_url):
     engine.dispose()
     reader = RunReader(database_url)
     try:
-        run = reader.latest("uid-1")
+        run = reader.latest("uid-1", "team-a", "pep")
         assert (run.state, run.batches_total, run.batches_succeeded, run.batches_failed) == ("running", 400, 120, 2)
         assert (run.records_embedded, run.records_failed, run.texts_per_second) == (7680, 3, 55.5)
-        assert reader.latest("uid-unknown") is None
+        assert reader.latest("uid-unknown", "team-a", "pep") is None
     finally:
         reader.close()
 
@@ -46,6 +46,30 @@ def test_reads_the_newest_run_of_the_job(database_url):
 def test_before_the_first_migration_there_is_no_progress(database_url):
     reader = RunReader(database_url)
     try:
-        assert reader.latest("uid-1") is None
+        assert reader.latest("uid-1", "team-a", "pep") is None
+    finally:
+        reader.close()
+
+
+def test_only_a_row_of_the_jobs_namespace_and_name_drives_its_status(database_url):
+    """Newer rows under the job's uid but another namespace or job name (what a role of another
+    namespace can write, docs/install.md) are not the job's run."""
+    migrate(database_url)
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        for row in (
+            _run_row("uid-1", t0, batches_succeeded=7),
+            _run_row("uid-1", t0 + dt.timedelta(minutes=1), namespace="team-b", state="failed",
+                     reason="TooManyFailedBatches"),
+            _run_row("uid-1", t0 + dt.timedelta(minutes=2), job_name="other", state="failed", reason="InputChanged"),
+        ):
+            conn.execute(runs.insert().values(**row))
+    engine.dispose()
+    reader = RunReader(database_url)
+    try:
+        run = reader.latest("uid-1", "team-a", "pep")
+        assert (run.state, run.reason, run.batches_succeeded) == ("running", None, 7)
+        assert reader.latest("uid-1", "team-c", "pep") is None
     finally:
         reader.close()

@@ -14,7 +14,7 @@ def test_database_outage_is_reported_without_credentials():
     reader = RunReader(f"postgresql://reader:s3cret-pw@127.0.0.1:{free_port()}/embed")  # nobody listens there
     try:
         with pytest.raises(RunUnavailable) as info:
-            reader.latest("uid-1")
+            reader.latest("uid-1", "team-a", "pep")
     finally:
         reader.close()
     assert "OperationalError" in str(info.value) and "s3cret-pw" not in str(info.value)

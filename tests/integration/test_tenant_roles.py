@@ -1,0 +1,187 @@
+"""One database role per namespace (migration 0005, `python -m embedjob.tenants`) on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from controller.run_reader import RunReader
+from embedjob import db, tenants
+from embedjob_worker.sink import PostgresSink, content_salt
+from support.tenant_roles import Tenant, as_role, create_role, tenant
+
+RLS_REFUSED = "new row violates row-level security policy"
+INSUFFICIENT_PRIVILEGE = "42501"
+
+
+@pytest.fixture
+def tenant_a(database_url) -> Tenant:
+    return tenant(database_url, "team-a")
+
+
+@pytest.fixture
+def tenant_b(database_url) -> Tenant:
+    return tenant(database_url, "team-b")
+
+
+def _run(namespace: str, job_key: str, **values) -> dict:
+    return {"run_id": str(uuid.uuid4()), "job_key": job_key, "job_name": "pep", "namespace": namespace,
+            "collection": "c", "vectors_table": "embeddings", "model": "m", "revision": "r",
+            "input_fingerprint": "i", "config_fingerprint": "c", "state": "running", **values}
+
+
+def _rows_of_job(run: dict, n: int) -> dict[sa.Table, dict]:
+    """One row per bookkeeping table for the job of `run` (n keeps keys apart)."""
+    key, run_id = run["job_key"], run["run_id"]
+    return {
+        db.runs: _run(run["namespace"], key) if n else run,
+        db.batches: {"job_key": key, "batch_id": f"batch-{n}", "run_id": run_id, "state": "succeeded", "records": 3},
+        db.batch_attempts: {"job_key": key, "batch_id": f"batch-{n}", "run_id": run_id, "attempt": 1,
+                            "outcome": "succeeded"},
+        db.record_errors: {"run_id": run_id, "position": n, "job_key": key, "reason": "EmptyText"},
+        db.seen_ids: {"run_id": run_id, "record_id": f"rec-{n}", "position": n},
+        db.pool_leases: {"lease_id": str(uuid.uuid4()), "pool": "p", "cluster": f"{run['namespace']}/ray",
+                         "job_key": key, "job_name": "pep", "namespace": run["namespace"], "actors": 1},
+    }
+
+
+def _snapshot(owner_url: str) -> dict[str, list]:
+    engine = sa.create_engine(owner_url)
+    with engine.connect() as conn:
+        rows = {t.name: sorted(map(tuple, conn.execute(sa.select(t)).all()), key=repr) for t in tenants.DRIVER_TABLES}
+    engine.dispose()
+    return rows
+
+
+def _refused(engine: sa.Engine, statement) -> str:
+    with pytest.raises(sa.exc.ProgrammingError) as info:
+        with engine.begin() as conn:
+            conn.execute(statement)
+    assert info.value.orig.sqlstate == INSUFFICIENT_PRIVILEGE
+    return str(info.value.orig)
+
+
+@pytest.mark.parametrize("table", tenants.DRIVER_TABLES, ids=lambda t: t.name)
+def test_a_tenant_cannot_read_insert_update_or_delete_another_namespaces_rows(database_url, tenant_a, tenant_b,
+                                                                              table):
+    run_b = _run("team-b", "uid-b")
+    b = tenant_b.engine()
+    with b.begin() as conn:  # team-b's driver writes one row in each table under its own role
+        for t, row in _rows_of_job(run_b, 0).items():
+            conn.execute(t.insert().values(**row))
+    before = _snapshot(database_url)
+    assert all(len(rows) == 1 for rows in before.values())
+    a = tenant_a.engine()
+    with a.begin() as conn:
+        assert conn.execute(sa.select(table)).all() == []
+        column = {db.runs: "state", db.pool_leases: "actors", db.seen_ids: "position", db.record_errors: "detail",
+                  db.batch_attempts: "reason", db.batches: "state"}[table]
+        value = {"actors": 9, "position": 99}.get(column, "failed")
+        assert conn.execute(table.update().values({column: value})).rowcount == 0
+        assert conn.execute(table.delete()).rowcount == 0
+    assert RLS_REFUSED in _refused(a, table.insert().values(**_rows_of_job(run_b, 1)[table]))
+    assert _snapshot(database_url) == before
+    with b.connect() as conn:  # team-b still sees its own row
+        assert len(conn.execute(sa.select(table)).all()) == 1
+    a.dispose()
+    b.dispose()
+
+
+def test_forged_succeeded_batches_cannot_make_another_job_skip_its_work(database_url, tenant_a, tenant_b):
+    salt = content_salt(True, None)
+    victim = PostgresSink(tenant_b.url, "uid-b", "c", "embeddings", salt)
+    forger = PostgresSink(tenant_a.url, "uid-b", "c", "embeddings", salt)  # team-a's driver, claiming b's job key
+    try:
+        run_b = victim.start_run("pep", "team-b", "m", "r", "i" * 64, "c" * 64, new_run=False).run_id
+        # A run of its own under b's job key, in its namespace or in b's: both refused.
+        for namespace in ("team-a", "team-b"):
+            with pytest.raises(sa.exc.ProgrammingError, match=RLS_REFUSED):
+                forger.start_run("pep", namespace, "m", "r", "i" * 64, "c" * 64, new_run=False)
+        a = tenant_a.engine()
+        with a.begin() as conn:
+            run_a = _run("team-a", "uid-a")
+            conn.execute(db.runs.insert().values(**run_a))
+        forged = {"job_key": "uid-b", "batch_id": "batch-0", "state": "succeeded", "records": 32}
+        # A succeeded mark on b's run, as a plain insert and as the sink's upsert; under b's key on a's run.
+        assert RLS_REFUSED in _refused(a, db.batches.insert().values(**forged, run_id=run_b))
+        upsert = pg_insert(db.batches).values(**forged, run_id=run_b)
+        assert RLS_REFUSED in _refused(a, upsert.on_conflict_do_update(index_elements=["job_key", "batch_id"],
+                                                                       set_={"state": "succeeded"}))
+        assert RLS_REFUSED in _refused(a, db.batches.insert().values(**forged, run_id=run_a["run_id"]))
+        a.dispose()
+        assert victim.succeeded_batches() == {}
+        assert _snapshot(database_url)["embedjob_batches"] == []
+    finally:
+        victim.close()
+        forger.close()
+
+
+def test_roles_without_a_namespace_and_the_owner_are_not_confined(database_url, tenant_a, tenant_b):
+    """What installs before per-namespace roles use keeps working: the owner, a shared writer role
+    and the operator's reader see every namespace's rows."""
+    for tenant in (tenant_a, tenant_b):
+        engine = tenant.engine()
+        with engine.begin() as conn:
+            conn.execute(db.runs.insert().values(**_run(tenant.namespace, f"uid-{tenant.namespace}")))
+        engine.dispose()
+    shared = create_role(database_url, "shared_writer")
+    reader = create_role(database_url, "embedjob_operator")
+    owner = sa.create_engine(database_url)
+    with owner.begin() as conn:
+        conn.execute(sa.text(f"GRANT SELECT, INSERT, UPDATE ON embedjob_runs TO {shared}"))
+        conn.execute(sa.text(f"GRANT SELECT ON embedjob_runs TO {reader}"))
+        assert len(conn.execute(sa.select(db.runs)).all()) == 2
+    owner.dispose()
+    engine = sa.create_engine(as_role(database_url, shared))
+    with engine.begin() as conn:
+        assert conn.execute(db.runs.update().values(heartbeat_at=sa.func.now())).rowcount == 2
+    engine.dispose()
+    runs = RunReader(as_role(database_url, reader))
+    try:
+        assert runs.latest("uid-team-b", "team-b", "pep").state == "running"
+    finally:
+        runs.close()
+
+
+def test_revoking_a_roles_last_namespace_takes_its_privileges(database_url, tenant_a):
+    assert tenants.grant(database_url, "team-c", tenant_a.role)[0].endswith("team-a, team-c and no others")
+    assert "team-c" in tenants.revoke(database_url, "team-a", tenant_a.role)[0]
+    engine = tenant_a.engine()
+    with engine.begin() as conn:
+        conn.execute(db.runs.insert().values(**_run("team-c", "uid-c")))
+    assert RLS_REFUSED in _refused(engine, db.runs.insert().values(**_run("team-a", "uid-a")))
+    assert "no privileges" in tenants.revoke(database_url, "team-c", tenant_a.role)[0]
+    assert "permission denied for table embedjob_runs" in _refused(engine, sa.select(db.runs))
+    engine.dispose()
+
+
+def test_the_admin_command_names_what_it_refuses(database_url, capsys, monkeypatch):
+    monkeypatch.setenv("EMBEDJOB_DATABASE_URL", database_url)
+    assert tenants.main(["grant", "--namespace", "Team_A", "--role", "x"]) == 2
+    assert "--namespace 'Team_A' is not a Kubernetes namespace name" in capsys.readouterr().err
+    assert tenants.main(["grant", "--namespace", "team-a", "--role", "no_such_role"]) == 2
+    assert "--role no_such_role: no such role" in capsys.readouterr().err
+    role = create_role(database_url, "team_a")
+    assert tenants.main(["grant", "--namespace", "team-a", "--role", role]) == 0
+    assert f"role {role} may use the rows of namespace(s) team-a and no others" in capsys.readouterr().out
+
+
+def test_a_tenant_migrates_nothing_at_head_and_says_why_it_cannot_migrate(database_url, tenant_a):
+    db.migrate(tenant_a.url)  # at head: no DDL, which the role may not run
+    cfg = Config()
+    cfg.set_main_option("script_location", str(db.MIGRATIONS_DIR))
+    owner = sa.create_engine(database_url)
+    with owner.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0004")
+    owner.dispose()
+    with pytest.raises(db.SchemaBehind, match=rf"at revision 0004, this driver needs 0005, and role {tenant_a.role} "
+                                              r"may not migrate it: run `python -m embedjob.tenants migrate`"):
+        db.migrate(tenant_a.url)
+    assert tenants.main(["--database-url", database_url, "migrate"]) == 0
+    db.migrate(tenant_a.url)
