@@ -121,6 +121,24 @@ def test_forged_succeeded_batches_cannot_make_another_job_skip_its_work(database
         forger.close()
 
 
+def test_a_job_key_taken_first_by_another_namespace_refuses_the_job_and_skips_nothing(tenant_a, tenant_b):
+    """The limit docs/install.md names: a role that uses another job's uid first blocks that job's driver."""
+    engine = tenant_a.engine()
+    with engine.begin() as conn:
+        run_a = _run("team-a", "uid-b")
+        conn.execute(db.runs.insert().values(**run_a))
+        conn.execute(db.batches.insert().values(job_key="uid-b", batch_id="batch-0", run_id=run_a["run_id"],
+                                                state="succeeded", records=32))
+    engine.dispose()
+    victim = PostgresSink(tenant_b.url, "uid-b", "c", "embeddings", content_salt(True, None))
+    try:
+        assert victim.succeeded_batches() == {}
+        with pytest.raises(sa.exc.ProgrammingError, match=RLS_REFUSED):
+            victim.start_run("pep", "team-b", "m", "r", "i" * 64, "c" * 64, new_run=False)
+    finally:
+        victim.close()
+
+
 def test_roles_without_a_namespace_and_the_owner_are_not_confined(database_url, tenant_a, tenant_b):
     """What installs before per-namespace roles use keeps working: the owner, a shared writer role
     and the operator's reader see every namespace's rows."""
