@@ -44,6 +44,13 @@ def _role_exists(conn: sa.Connection, role: str) -> bool:
     return conn.execute(sa.text("SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = :r)"), {"r": role}).scalar_one()
 
 
+# Roles that row-level security never confines: superusers, BYPASSRLS, the tables' owner and its members.
+_UNCONFINABLE = sa.text("""
+SELECT r.rolsuper OR r.rolbypassrls OR pg_has_role(r.oid, c.relowner, 'USAGE')
+FROM pg_roles r, pg_class c WHERE r.rolname = :r AND c.oid = to_regclass(:table)
+""")
+
+
 def _table_privileges(conn: sa.Connection, verb: str, role: str) -> None:
     """GRANT ... TO role, or REVOKE ... FROM role: the driver's privileges on the bookkeeping tables."""
     quote = conn.dialect.identifier_preparer.quote_identifier
@@ -66,6 +73,9 @@ def grant(url: str, namespace: str, role: str) -> list[str]:
             if not _role_exists(conn, role):
                 raise TenantError(f"--role {role}: no such role; create it first, e.g. "
                                   f"CREATE ROLE {role} LOGIN PASSWORD '...'")
+            if conn.execute(_UNCONFINABLE, {"r": role, "table": db.runs.name}).scalar_one():
+                raise TenantError(f"--role {role} is a superuser, has BYPASSRLS or owns the bookkeeping tables: "
+                                  f"row-level security cannot confine it; use a role of its own per namespace")
             quote = conn.dialect.identifier_preparer.quote_identifier
             conn.execute(pg_insert(db.tenant_namespaces).values(role=role, namespace=namespace)
                          .on_conflict_do_nothing())

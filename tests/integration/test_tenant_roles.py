@@ -166,6 +166,31 @@ def test_roles_without_a_namespace_and_the_owner_are_not_confined(database_url, 
         runs.close()
 
 
+def test_an_owner_that_is_no_superuser_sets_up_roles_and_is_not_confined(database_url):
+    """The admin path without a superuser: the tables' owner migrates, grants, and reads every namespace."""
+    owner_role = create_role(database_url, "embedjob_owner")
+    superuser = sa.create_engine(database_url)
+    with superuser.begin() as conn:
+        database = conn.execute(sa.text("SELECT current_database()")).scalar_one()
+        conn.execute(sa.text("CREATE EXTENSION vector"))
+        conn.execute(sa.text(f'GRANT CREATE ON DATABASE "{database}" TO {owner_role}'))
+        conn.execute(sa.text(f"GRANT CREATE ON SCHEMA public TO {owner_role}"))
+    superuser.dispose()
+    owner_url = as_role(database_url, owner_role)
+    team_a = create_role(database_url, "team_a")
+    assert tenants.main(["--database-url", owner_url, "grant", "--namespace", "team-a", "--role", team_a]) == 0
+    confined = sa.create_engine(as_role(database_url, team_a))
+    owner = sa.create_engine(owner_url)
+    with owner.begin() as conn:
+        conn.execute(db.runs.insert().values(**_run("team-b", "uid-b")))
+        conn.execute(db.runs.insert().values(**_run("team-a", "uid-a")))
+        assert sorted(conn.execute(sa.select(db.runs.c.namespace)).scalars()) == ["team-a", "team-b"]
+    with confined.connect() as conn:
+        assert list(conn.execute(sa.select(db.runs.c.namespace)).scalars()) == ["team-a"]
+    owner.dispose()
+    confined.dispose()
+
+
 def test_revoking_a_roles_last_namespace_takes_its_privileges(database_url, tenant_a):
     assert tenants.grant(database_url, "team-c", tenant_a.role)[0].endswith("team-a, team-c and no others")
     assert "team-c" in tenants.revoke(database_url, "team-a", tenant_a.role)[0]
@@ -184,6 +209,9 @@ def test_the_admin_command_names_what_it_refuses(database_url, capsys, monkeypat
     assert "--namespace 'Team_A' is not a Kubernetes namespace name" in capsys.readouterr().err
     assert tenants.main(["grant", "--namespace", "team-a", "--role", "no_such_role"]) == 2
     assert "--role no_such_role: no such role" in capsys.readouterr().err
+    owner = sa.engine.make_url(database_url).username
+    assert tenants.main(["grant", "--namespace", "team-a", "--role", owner]) == 2
+    assert f"--role {owner} is a superuser, has BYPASSRLS or owns the bookkeeping tables" in capsys.readouterr().err
     role = create_role(database_url, "team_a")
     assert tenants.main(["grant", "--namespace", "team-a", "--role", role]) == 0
     assert f"role {role} may use the rows of namespace(s) team-a and no others" in capsys.readouterr().out
