@@ -128,8 +128,9 @@ def check_shared_cluster(spec: api.EmbeddingJobSpec, raycluster: dict[str, Any] 
         return None
     name = selected_cluster(spec)
     if raycluster is None:
-        return _reject("SharedClusterNotFound", f"RayCluster {name!r} (spec.clusterSelector {api.RAY_CLUSTER_SELECTOR_KEY}) "
-                                                "does not exist in the job's namespace")
+        return _reject("SharedClusterNotFound",
+                       f"RayCluster {name!r} (spec.clusterSelector {api.RAY_CLUSTER_SELECTOR_KEY}) "
+                       "does not exist in the job's namespace")
     labels = (raycluster.get("metadata") or {}).get("labels") or {}
     unmatched = [f"{key}={value}" for key, value in sorted(spec.cluster_selector.items())
                  if key != api.RAY_CLUSTER_SELECTOR_KEY and labels.get(key) != value]
@@ -141,13 +142,15 @@ def check_shared_cluster(spec: api.EmbeddingJobSpec, raycluster: dict[str, Any] 
     head_group = ray_spec.get("headGroupSpec") or {}
     groups = [("head group", head_group)]
     if _driver_may_run_on_workers(_ray_container(head_group)):
-        groups += [(f"worker group {group.get('groupName')!r}", group) for group in ray_spec.get("workerGroupSpecs") or []]
+        groups += [(f"worker group {group.get('groupName')!r}", group)
+                   for group in ray_spec.get("workerGroupSpecs") or []]
     ref = spec.sink.database_secret_ref
     for described, group in groups:
         container = _ray_container(group)
         source = ((_env_var(container, DATABASE_URL_ENV) or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
         if (source.get("name"), source.get("key")) != (ref.name, ref.key):
-            others = [c.get("name") for c in _containers(group)[RAY_CONTAINER_INDEX + 1:] if _env_var(c, DATABASE_URL_ENV)]
+            others = [other.get("name") for other in _containers(group)[RAY_CONTAINER_INDEX + 1:]
+                      if _env_var(other, DATABASE_URL_ENV)]
             elsewhere = f" (container {others[0]!r} sets it, but Ray runs in the first container)" if others else ""
             return _reject(
                 "SharedClusterDatabaseMismatch",

@@ -46,7 +46,8 @@ def job_record(job: dict[str, Any]) -> JobRecord:
     """The record of an EmbeddingJob object as the API server returned it."""
     meta = job["metadata"]
     selected = ((job.get("spec") or {}).get("clusterSelector") or {}).get(RAY_CLUSTER_SELECTOR_KEY)
-    return JobRecord(meta["uid"], meta["namespace"], meta["name"], f"{meta['namespace']}/{selected}" if selected else None)
+    cluster = f"{meta['namespace']}/{selected}" if selected else None
+    return JobRecord(meta["uid"], meta["namespace"], meta["name"], cluster)
 
 
 # A DNS-1123 label (namespace) / subdomain (RayCluster name), as the API server requires them.
