@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from embedjob import api
+from embedjob.contract import DATABASE_URL_ENV
 
 # Schemes the driver reads through fsspec; a plain path is a file in the worker image
 # or on a volume mounted into it.
@@ -66,6 +67,100 @@ def check_secret(sink: api.Sink, secret: dict[str, Any] | None) -> Verdict | Non
     return None
 
 
+# KubeRay runs Ray in the first container of each group's pod template.
+RAY_CONTAINER_INDEX = 0
+# Ray's job manager runs a submitted driver on the head node unless the head sets this to 1.
+DRIVER_ON_WORKERS_ENV = "RAY_JOB_ALLOW_DRIVER_ON_WORKER_NODES"
+
+
+def selected_cluster(spec: api.EmbeddingJobSpec) -> str | None:
+    """The name of the RayCluster a job on an existing cluster runs on (in its namespace)."""
+    return (spec.cluster_selector or {}).get(api.RAY_CLUSTER_SELECTOR_KEY)
+
+
+def _containers(group: dict[str, Any]) -> list[dict[str, Any]]:
+    return ((group.get("template") or {}).get("spec") or {}).get("containers") or []
+
+
+def _ray_container(group: dict[str, Any]) -> dict[str, Any]:
+    containers = _containers(group)
+    return containers[RAY_CONTAINER_INDEX] if len(containers) > RAY_CONTAINER_INDEX else {}
+
+
+def _env_var(container: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The container's `env` entry for `name` (of several, the last one wins, as in the kubelet)."""
+    return next((var for var in reversed(container.get("env") or []) if var.get("name") == name), None)
+
+
+def _driver_may_run_on_workers(head: dict[str, Any]) -> bool:
+    """Whether the head may let Ray place the driver on a worker (Ray: the switch is "1"); what
+    cannot be read here (a value from a ConfigMap, Secret or envFrom) counts as yes."""
+    switch = _env_var(head, DRIVER_ON_WORKERS_ENV)
+    if switch is None:
+        return bool(head.get("envFrom"))
+    return "valueFrom" in switch or switch.get("value") == "1"
+
+
+def _database_source(container: dict[str, Any]) -> str:
+    """Where the container's DATABASE_URL_ENV comes from, in words (never the value)."""
+    var = _env_var(container, DATABASE_URL_ENV)
+    if var is None:
+        return f"it does not set {DATABASE_URL_ENV}"
+    ref = (var.get("valueFrom") or {}).get("secretKeyRef")
+    if ref is not None:
+        return f"it takes it from Secret {ref.get('name')!r} key {ref.get('key')!r}"
+    if "valueFrom" in var:
+        return f"it takes it from {', '.join(var['valueFrom'])}, not a Secret"
+    return "it sets it to a literal value"
+
+
+def check_shared_cluster(spec: api.EmbeddingJobSpec, raycluster: dict[str, Any] | None) -> Verdict | None:
+    """A job on an existing RayCluster (spec.clusterSelector) writes to the database its own
+    Secret names: the driver's container must take DATABASE_URL_ENV from that Secret's key.
+
+    The URL never travels in the RayJob or in Ray job metadata, which every user of a shared
+    cluster can read. KubeRay's clusterSelector names the RayCluster in the job's namespace by
+    `ray.io/cluster` and ignores every other key, so other keys must be labels of that cluster.
+    The driver runs on the head's Ray container, or on any node when the head lets Ray place
+    drivers on workers; each container it may run in is checked.
+    """
+    if not spec.cluster_selector:
+        return None
+    name = selected_cluster(spec)
+    if raycluster is None:
+        return _reject("SharedClusterNotFound",
+                       f"RayCluster {name!r} (spec.clusterSelector {api.RAY_CLUSTER_SELECTOR_KEY}) "
+                       "does not exist in the job's namespace")
+    labels = (raycluster.get("metadata") or {}).get("labels") or {}
+    unmatched = [f"{key}={value}" for key, value in sorted(spec.cluster_selector.items())
+                 if key != api.RAY_CLUSTER_SELECTOR_KEY and labels.get(key) != value]
+    if unmatched:
+        return _reject("SharedClusterSelectorMismatch",
+                       f"RayCluster {name!r} does not have the labels {', '.join(unmatched)} of spec.clusterSelector "
+                       f"(KubeRay selects the cluster by {api.RAY_CLUSTER_SELECTOR_KEY} alone)")
+    ray_spec = raycluster.get("spec") or {}
+    head_group = ray_spec.get("headGroupSpec") or {}
+    groups = [("head group", head_group)]
+    if _driver_may_run_on_workers(_ray_container(head_group)):
+        groups += [(f"worker group {group.get('groupName')!r}", group)
+                   for group in ray_spec.get("workerGroupSpecs") or []]
+    ref = spec.sink.database_secret_ref
+    for described, group in groups:
+        container = _ray_container(group)
+        source = ((_env_var(container, DATABASE_URL_ENV) or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
+        if (source.get("name"), source.get("key")) != (ref.name, ref.key):
+            others = [other.get("name") for other in _containers(group)[RAY_CONTAINER_INDEX + 1:]
+                      if _env_var(other, DATABASE_URL_ENV)]
+            elsewhere = f" (container {others[0]!r} sets it, but Ray runs in the first container)" if others else ""
+            return _reject(
+                "SharedClusterDatabaseMismatch",
+                f"RayCluster {name!r}: the {described}'s Ray container {container.get('name', '(none)')!r} must set "
+                f"{DATABASE_URL_ENV} from Secret {ref.name!r} key {ref.key!r} (env[].valueFrom.secretKeyRef; "
+                f"spec.sink.databaseSecretRef), since the job's driver may run there; "
+                f"{_database_source(container)}{elsewhere}")
+    return None
+
+
 def parse(spec: dict[str, Any]) -> api.EmbeddingJobSpec | Verdict:
     """The parsed spec, or an `InvalidSpec` rejection naming the fields."""
     try:
@@ -74,6 +169,9 @@ def parse(spec: dict[str, Any]) -> api.EmbeddingJobSpec | Verdict:
         return _reject("InvalidSpec", str(exc))
 
 
-def review(spec: api.EmbeddingJobSpec, secret: dict[str, Any] | None) -> Verdict:
-    """Review a parsed spec and its database Secret (None: the Secret does not exist)."""
-    return check_source(spec.source.uri) or check_model(spec.model) or check_secret(spec.sink, secret) or ACCEPTED
+def review(spec: api.EmbeddingJobSpec, secret: dict[str, Any] | None,
+           raycluster: dict[str, Any] | None = None) -> Verdict:
+    """Review a parsed spec, its database Secret (None: the Secret does not exist) and, for a
+    job with spec.clusterSelector, the RayCluster it selects (None: it does not exist)."""
+    return (check_source(spec.source.uri) or check_model(spec.model) or check_secret(spec.sink, secret)
+            or check_shared_cluster(spec, raycluster) or ACCEPTED)

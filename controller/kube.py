@@ -107,13 +107,6 @@ class KubeApi:
                 return None
             raise
 
-    async def list_job_uids(self, namespace: str) -> set[str]:
-        """The uids of the EmbeddingJobs that exist in the namespace."""
-        jobs = await asyncio.to_thread(
-            self._custom.list_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL
-        )
-        return {job["metadata"]["uid"] for job in jobs.get("items", [])}
-
     async def post_job_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
         """A Normal Event on the EmbeddingJob, for what the operator did outside a handler."""
         now = dt.datetime.now(dt.UTC)
@@ -139,3 +132,10 @@ class KubeApi:
             api.GROUP, api.VERSION, namespace, api.PLURAL, name, body,
         )
         return job.get("status") or {}
+
+    async def list_jobs(self, namespace: str) -> list[dict[str, Any]]:
+        """The EmbeddingJobs that exist in the namespace."""
+        jobs = await asyncio.to_thread(
+            self._custom.list_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL
+        )
+        return jobs.get("items", [])

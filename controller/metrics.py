@@ -17,6 +17,9 @@ LATENCY = Histogram("embedjob_reconcile_duration_seconds", "Handler run time, by
                     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 POOL_REMOVALS = Counter("embedjob_pool_removals_total",
                         "Detached actor pools removed from shared Ray clusters, by reason.", ["reason"])
+POOL_LEASES_UNCONFIRMED = Gauge("embedjob_pool_leases_unconfirmed",
+                                "Pool lease rows Kubernetes does not confirm (the pool sweep ignores them), by reason.",
+                                ["reason"])
 JOBS = Gauge("embedjob_jobs", "EmbeddingJobs this operator tracks, by state.", ["state"])
 
 

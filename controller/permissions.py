@@ -39,7 +39,8 @@ NAMESPACED_RULES = (
     Rule((RAY_GROUP,), ("rayjobs",), ("get", "list", "watch", "create", "patch", "delete"),
          "one RayJob per job: created, watched for status, suspended/resumed, deleted by the finalizer"),
     Rule((RAY_GROUP,), ("rayclusters",), ("get",),
-         "a shared RayCluster's dashboard address and token Secret name, to remove idle actor pools"),
+         "a selected RayCluster must hand the job's Secret to its driver (acceptance); a shared "
+         "RayCluster's dashboard address and token Secret name, to remove idle actor pools"),
     Rule(("",), ("secrets",), ("get",),
          "checks that the job's database Secret and key exist; reads a shared RayCluster's Ray token"),
     Rule(("",), ("events",), ("create",), "an Event on every condition transition"),

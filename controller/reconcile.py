@@ -76,7 +76,9 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
         if isinstance(parsed, Verdict):
             return parsed
         secret = await ctx.kube.read_secret(meta["namespace"], parsed.sink.database_secret_ref.name)
-        verdict = acceptance.review(parsed, secret)
+        shared = acceptance.selected_cluster(parsed)
+        raycluster = await ctx.kube.get_raycluster(meta["namespace"], shared) if shared else None
+        verdict = acceptance.review(parsed, secret, raycluster)
         if not verdict.accepted:
             return verdict
         if not status.accepted(job.get("status") or {}) and not await accept(job):

@@ -1,5 +1,7 @@
 """The operator removes idle and orphaned actor pools from a shared RayCluster, never a
-leased one, and keeps the cluster's Ray token out of every log and object but its Secret.
+leased one, keeps the cluster's Ray token out of every log and object but its Secret, and
+acts only on leases Kubernetes confirms: a forged lease row for another namespace's
+cluster does not make it touch that cluster.
 
 Real API server (the control plane without KubeRay: the shared RayCluster's status is
 written the way KubeRay reports it, its head Service being the local Ray head), the
@@ -11,11 +13,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import uuid
 
 import pytest
+import sqlalchemy as sa
 
+from embedjob import db
+from embedjob.contract import DATABASE_URL_ENV
 from embedjob_worker.pools import pool_actor_name
-from support.kubectl import apply_job, create_database_secret, events_for, get_json
+from plugins.operator_process import namespaced_grant
+from support.kubectl import apply_job, create_database_secret, events_for, get_json, wait_for_condition
 from support.polling import wait_until
 from support.pools import PACKAGED_MODEL, SHARED_CLUSTER, other_revision_model, sample_input, shared_job
 from support.sql import query
@@ -23,23 +30,27 @@ from support.sql import query
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 
-def create_shared_raycluster(kube, namespace: str, token_ray) -> None:
+# The namespace's database Secret (support.kubectl.create_database_secret) into the head's Ray container.
+DATABASE_FROM_SECRET = {"name": DATABASE_URL_ENV, "valueFrom": {"secretKeyRef": {"name": "embedjob-db", "key": "url"}}}
+
+
+def create_shared_raycluster(kube, namespace: str, token_ray, name: str = SHARED_CLUSTER,
+                             env: tuple = (DATABASE_FROM_SECRET,)) -> None:
     """The RayCluster with token auth, its token Secret (as KubeRay generates it), and the
     status KubeRay writes: the head Service's IP and the dashboard port."""
-    kube.kubectl("create", "secret", "generic", SHARED_CLUSTER, "-n", namespace,
-                 f"--from-literal=auth_token={token_ray.token}")
+    kube.kubectl("create", "secret", "generic", name, "-n", namespace, f"--from-literal=auth_token={token_ray.token}")
+    head = {"name": "ray-head", "image": "ray", "env": list(env)}
     raycluster = {
         "apiVersion": "ray.io/v1", "kind": "RayCluster",
-        "metadata": {"name": SHARED_CLUSTER, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {"rayVersion": "2.60.0", "authOptions": {"mode": "token"},
-                 "headGroupSpec": {"rayStartParams": {},
-                                   "template": {"spec": {"containers": [{"name": "ray-head", "image": "ray"}]}}}},
+                 "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [head]}}}},
     }
     kube.kubectl("apply", "-f", "-", input=json.dumps(raycluster))
     port = token_ray.dashboard_url.rsplit(":", 1)[1]
-    status = {"head": {"serviceName": f"{SHARED_CLUSTER}-head-svc", "serviceIP": "127.0.0.1"},
+    status = {"head": {"serviceName": f"{name}-head-svc", "serviceIP": "127.0.0.1"},
               "endpoints": {"dashboard": port}}
-    kube.kubectl("patch", "raycluster", SHARED_CLUSTER, "-n", namespace, "--subresource=status", "--type=merge",
+    kube.kubectl("patch", "raycluster", name, "-n", namespace, "--subresource=status", "--type=merge",
                  "-p", json.dumps({"status": status}))
 
 
@@ -113,3 +124,72 @@ def test_idle_and_orphaned_pools_are_removed_a_leased_one_never(kube_without_kub
     objects = kube.kubectl("get", "embeddingjobs,rayjobs,rayclusters,events,configmaps", "-n", namespace,
                            "-o", "json").stdout
     assert SHARED_CLUSTER in objects and token_ray.token not in objects
+
+
+def write_lease(database_url: str, cluster: str, pool: str, job: dict) -> None:
+    """A lease row as a tenant with the shared writer role can write one: released an hour ago."""
+    engine = db.create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(db.pool_leases.insert().values(
+            lease_id=str(uuid.uuid4()), pool=pool, cluster=cluster, job_key=job["metadata"]["uid"],
+            job_name=job["metadata"]["name"], namespace=job["metadata"]["namespace"], actors=1,
+            heartbeat_at=sa.func.now() - sa.text("interval '1 hour'"),
+            released_at=sa.func.now() - sa.text("interval '1 hour'")))
+    engine.dispose()
+
+
+def removal_submissions(token_ray, pool: str) -> list[str]:
+    """The Ray jobs submitted to remove `pool` (any namespace's cluster: both use this one head)."""
+    jobs = token_ray.client()._call("GET", "/api/jobs/")
+    prefix = f"embedjob-remove-{pool}-"
+    return [job["submission_id"] for job in jobs if (job.get("submission_id") or "").startswith(prefix)]
+
+
+def sweeps(operator) -> float:
+    """How many pool sweeps the operator has run."""
+    line = next(line for line in operator.metrics().splitlines()
+                if line.startswith('embedjob_reconciles_total{handler="pool_sweep"}'))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_a_forged_lease_for_another_namespaces_cluster_is_ignored(kube_without_kuberay, standin_namespace, token_ray,
+                                                                   database_url, start_operator):
+    kube, namespace = kube_without_kuberay, standin_namespace
+    victim = f"victim-{uuid.uuid4().hex[:6]}"
+    kube.kubectl("create", "namespace", victim)
+    for ns in (namespace, victim):
+        create_database_secret(kube, ns, database_url)
+        create_shared_raycluster(kube, ns, token_ray)
+    create_shared_raycluster(kube, namespace, token_ray, name="bare", env=())
+    kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                        "items": namespaced_grant(victim, namespace)}))
+    operator = start_operator(kube, namespace, EMBEDJOB_WATCH_NAMESPACES=f"{namespace},{victim}",
+                              EMBEDJOB_DATABASE_URL=database_url, EMBEDJOB_POOL_IDLE_SECONDS="1",
+                              EMBEDJOB_POOL_SWEEP_SECONDS="1")
+
+    # Issue 10 item 4: the shared cluster hands the job's own Secret to the driver, or the job is refused.
+    mine = apply_job(kube, namespace, "mine", clusterSelector={"ray.io/cluster": SHARED_CLUSTER})
+    wait_for_condition(kube, namespace, "mine", "Accepted")
+    apply_job(kube, namespace, "on-bare", clusterSelector={"ray.io/cluster": "bare"})
+    refused = wait_for_condition(kube, namespace, "on-bare", "Accepted", status="False")
+    accepted = next(c for c in refused["status"]["conditions"] if c["type"] == "Accepted")
+    assert accepted["reason"] == "SharedClusterDatabaseMismatch" and "embedjob-db" in accepted["message"]
+    assert database_url not in json.dumps(refused)
+
+    # Issue 10 item 5: the attacker's own genuine lease, and a forged one on the victim's cluster naming its job.
+    tag = uuid.uuid4().hex[:8]
+    own_pool, their_pool = f"pool-own{tag}", f"pool-their{tag}"
+    db.migrate(database_url)
+    write_lease(database_url, f"{victim}/{SHARED_CLUSTER}", their_pool, mine)
+    write_lease(database_url, f"{namespace}/{SHARED_CLUSTER}", own_pool, mine)
+
+    wait_until("the genuine idle pool removed", lambda: removal_submissions(token_ray, own_pool), timeout=60)
+    swept = sweeps(operator)
+    wait_until("three more sweeps", lambda: sweeps(operator) >= swept + 3, timeout=30)
+    assert removal_submissions(token_ray, their_pool) == []
+    rows = dict(query(database_url, "SELECT pool, pool_removed_at IS NOT NULL FROM embedjob_pool_leases"))
+    assert rows == {own_pool: True, their_pool: False}
+    assert 'embedjob_pool_leases_unconfirmed{reason="JobInOtherNamespace"} 1.0' in operator.metrics()
+    log = operator.log()
+    assert f"{victim}/{SHARED_CLUSTER}" in log and "JobInOtherNamespace" in log
+    assert f"removed actor pool {their_pool}" not in log

@@ -35,16 +35,24 @@ def grant_operator_permissions(kube, namespace: str, account: str = "embedjob-op
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": cluster_role},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
          "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
+        *namespaced_grant(namespace, namespace, account),
+    ]
+    kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}))
+    return kube.kubeconfig_for_serviceaccount(namespace, account)
+
+
+def namespaced_grant(namespace: str, account_namespace: str, account: str = "embedjob-operator") -> list[dict]:
+    """The Role with controller.permissions' namespaced rules in `namespace`, bound to the
+    operator's ServiceAccount (in `account_namespace`): what the chart grants per watched namespace."""
+    return [
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": {"name": "embedjob-operator", "namespace": namespace},
          "rules": permissions.policy_rules(permissions.NAMESPACED_RULES)},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
          "metadata": {"name": "embedjob-operator", "namespace": namespace},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "embedjob-operator"},
-         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
+         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": account_namespace}]},
     ]
-    kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}))
-    return kube.kubeconfig_for_serviceaccount(namespace, account)
 
 
 @dataclass

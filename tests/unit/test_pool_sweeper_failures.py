@@ -2,108 +2,30 @@
 alone, a failed removal waits out a doubling backoff, a removal that times out is stopped."""
 
 import asyncio
-import base64
-import datetime as dt
-from contextlib import contextmanager
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
-from controller import pool_sweeper
-from controller.pool_policy import Lease
 from controller.ray_jobs_client import DashboardError, RayJobsClient
-from controller.settings import Settings
-
-NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-LONG_AGO = NOW - dt.timedelta(days=1)
-
-
-def idle_pool(cluster: str, pool: str) -> tuple[tuple[str, str], list[Lease]]:
-    namespace = cluster.partition("/")[0] or "nowhere"
-    return (cluster, pool), [Lease(f"l-{pool}", f"uid-{pool}", f"job-{pool}", namespace, LONG_AGO, LONG_AGO)]
-
-
-class Locked:
-    def __init__(self, leases):
-        self._leases, self.removed = leases, False
-
-    def leases(self):
-        return NOW, [] if self.removed else self._leases
-
-    def mark_removed(self, leases):
-        self.removed = True
-
-
-class Store:
-    def __init__(self, pools):
-        self._pools, self.locks = dict(pools), {key: Locked(leases) for key, leases in pools}
-
-    def pools(self):
-        return NOW, {key: leases for key, leases in self._pools.items() if not self.locks[key].removed}
-
-    @contextmanager
-    def locked(self, cluster, pool):
-        yield self.locks[(cluster, pool)]
-
-
-class Kube:
-    """`forbidden` namespaces answer 403; every RayCluster has token auth; `bad-token` has a broken token."""
-
-    def __init__(self, forbidden=()):
-        self.forbidden, self.events = set(forbidden), []
-
-    async def list_job_uids(self, namespace):
-        if namespace in self.forbidden:
-            raise ApiException(status=403, reason="Forbidden")
-        return set()
-
-    async def get_raycluster(self, namespace, name):
-        if namespace in self.forbidden:
-            raise ApiException(status=403, reason="Forbidden")
-        return {"metadata": {"name": name, "namespace": namespace}, "spec": {"authOptions": {"mode": "token"}}}
-
-    async def read_secret(self, namespace, name):
-        token = "%%%not-base64" if name == "bad-token" else base64.b64encode(b"tok").decode()
-        return {"data": {"auth_token": token}}
-
-    async def post_job_event(self, *args):
-        self.events.append(args)
+from support.pool_sweeper import Kube, Store, fake_dashboard, idle_pool, jobs_of, sweeper
 
 
 @pytest.fixture
 def dashboard(monkeypatch):
-    """Every removal job 'succeeds' unless its pool is named 'hangs' (then it never finishes)."""
-    calls = []
-
-    def call(client, method, path, body=None):
-        calls.append((method, path))
-        if method == "POST" and path == "/api/jobs/":
-            return {"submission_id": body["submission_id"]}
-        if path.endswith("/logs"):
-            return {"logs": "killed 1 actor"}
-        return {"status": "RUNNING" if "-hangs-" in path else "SUCCEEDED"}
-
-    monkeypatch.setattr(RayJobsClient, "_call", call)
-    monkeypatch.setattr(pool_sweeper, "REMOVAL_TIMEOUT_SECONDS", 0)
-    return calls
-
-
-def sweeper(store, kube, clock):
-    settings = Settings.from_env({"EMBEDJOB_POOL_SWEEP_SECONDS": "10"})
-    return pool_sweeper.PoolSweeper(settings, kube, store, clock=lambda: clock[0])
+    return fake_dashboard(monkeypatch)
 
 
 def test_one_bad_pool_does_not_stop_the_sweep_for_the_others(dashboard):
-    store = Store([idle_pool("locked-ns/ray", "p1"), idle_pool("malformed", "p2"), idle_pool("team/bad-token", "p3"),
-                   idle_pool("team/ray", "good")])
-    removals = asyncio.run(sweeper(store, Kube(forbidden={"locked-ns"}), [0.0]).sweep())
+    pools = [idle_pool("locked-ns/ray", "p1"), idle_pool("team/bad-token", "p3"), idle_pool("team/ray", "good")]
+    store = Store(pools)
+    removals = asyncio.run(sweeper(store, Kube(jobs_of(pools), forbidden={"locked-ns"})).sweep())
     assert [r.pool for r in removals] == ["good"]
     assert [key for key, lock in store.locks.items() if lock.removed] == [("team/ray", "good")]
 
 
 def test_a_failed_removal_backs_off_and_a_timed_out_one_is_stopped(dashboard):
-    store, clock = Store([idle_pool("team/ray", "hangs")]), [0.0]
-    sweep = sweeper(store, Kube(), clock)
+    pools = [idle_pool("team/ray", "hangs")]
+    store, clock = Store(pools), [0.0]
+    sweep = sweeper(store, Kube(jobs_of(pools)), clock)
 
     def submissions():
         return [path for method, path in dashboard if method == "POST" and path == "/api/jobs/"]
