@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from kubernetes.client.exceptions import ApiException
 
-from . import acceptance, metrics, status
+from . import acceptance, metrics, status, waiting
 from .acceptance import ACCEPTED, Verdict
 from .kube import CONFLICT, KubeApi
 from .metrics import JobStates
@@ -31,6 +31,8 @@ log = logging.getLogger("controller.reconcile")
 
 # KubeRay deployment states in which the driver reports progress (or has reported its last).
 PROGRESS_STATES = ("Running", "Complete", "Failed")
+# KubeRay deployment states before the job runs: what it waits for is read from its pods.
+WAITING_STATES = ("", "Initializing", "Waiting")
 
 
 @dataclass
@@ -47,6 +49,13 @@ class Context:
         """A job on a shared cluster ended or went away: its pool may become idle."""
         if self.pool_sweeper is not None and spec.get("clusterSelector"):
             self.pool_sweeper.wake()
+
+
+def job_ref(meta: dict[str, Any]) -> dict[str, Any]:
+    """`extra` for a log record about a job: kopf's formatters prefix `[namespace/name]` (plain)
+    or add an `object` field (JSON)."""
+    return {"k8s_ref": {"kind": "EmbeddingJob", "namespace": meta.get("namespace"), "name": meta.get("name"),
+                        "uid": meta.get("uid")}}
 
 
 class SpecChanged(Exception):
@@ -105,6 +114,26 @@ async def rayjob_deleted(job: dict[str, Any], current: dict[str, Any], rayjob: d
     return not await ctx.kube.rayjob_exists(job["metadata"]["namespace"], name)
 
 
+async def waiting_for(job: dict[str, Any], rayjob: dict[str, Any] | None, ctx: Context) -> waiting.Waiting | None:
+    """What a job whose RayJob has not started waits for: its RayCluster, its pods and its
+    submitter's pod. None for other jobs: the reads happen only while a job waits, at the pace
+    of its status syncs (RayJob changes, EMBEDJOB_PROGRESS_INTERVAL_SECONDS)."""
+    rj_status = (rayjob or {}).get("status") or {}
+    if rayjob is None or rj_status.get("jobDeploymentStatus", "") not in WAITING_STATES or job["spec"].get("suspend"):
+        return None
+    namespace, cluster = job["metadata"]["namespace"], rj_status.get("rayClusterName")
+    if not cluster:
+        return waiting.waiting_for(None, None, [], [])
+    try:
+        raycluster = await ctx.kube.get_raycluster(namespace, cluster)
+        pods = await ctx.kube.list_pods(namespace, f"{waiting.CLUSTER_LABEL}={cluster}")
+        submitter = await ctx.kube.list_pods(namespace, f"{waiting.JOB_NAME_LABEL}={rayjob['metadata']['name']}")
+    except ApiException as exc:
+        return waiting.Waiting(waiting.INITIALIZING, f"RayCluster {cluster}: its pods cannot be read "
+                               f"({exc.status} {exc.reason})")
+    return waiting.waiting_for(cluster, raycluster, pods, submitter)
+
+
 async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str, Any] | None,
                   verdict: Verdict | None, ctx: Context) -> status.Observation:
     run, progress_error = None, None
@@ -123,6 +152,7 @@ async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str
         rayjob_deleted=deleted,
         run=run,
         progress_error=progress_error,
+        waiting=await waiting_for(job, rayjob, ctx) if not status.is_final(current) else None,
         now=_now(),
     )
 
@@ -219,7 +249,8 @@ class StatusKeeper:
                 try:
                     await self.sync(uid)
                 except Exception:  # counted by metrics.reconcile; the next round retries
-                    log.exception("status refresh of job %s failed", uid)
+                    job = next(iter(self._jobs.get(uid, ())), {"metadata": {"uid": uid}})
+                    log.exception("status refresh failed", extra=job_ref(job["metadata"]))
 
     def start(self) -> None:
         self._refresher = asyncio.create_task(self._refresh_forever(self._ctx.settings.progress_interval_seconds))
