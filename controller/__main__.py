@@ -28,7 +28,7 @@ from .settings import Settings, SettingsError
 
 LOG_FORMATS = {"json": kopf.LogFormat.JSON, "plain": kopf.LogFormat.FULL}
 API_CONNECT_TIMEOUT_SECONDS, API_REQUEST_TIMEOUT_SECONDS = REQUEST_TIMEOUT
-WATCH_SECONDS = 300.0  # the API server ends each watch after this long; kopf reconnects
+WATCH_SECONDS = 300  # seconds (an integer: a query parameter); the API server ends each watch after this long; kopf reconnects
 
 
 def kopf_settings() -> kopf.OperatorSettings:
@@ -89,7 +89,7 @@ async def run(settings: Settings, context: Context) -> None:
             clusterwide=settings.clusterwide,
             namespaces=list(settings.watch_namespaces),
             liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
-            memo=kopf.Memo(context=context, keeper=StatusKeeper(context, handlers.post_event),
+            memo=kopf.Memo(context=context, keeper=StatusKeeper(context),
                            refusals=Refusals(context.kube)),
         )
     finally:

@@ -26,7 +26,6 @@ from . import metrics, reconcile
 from .acceptance import Verdict
 from .rayjob import LABEL_JOB_UID, LABEL_MANAGED_BY, MANAGED_BY, RAY_GROUP, RAY_PLURAL, RAY_VERSION
 from .release import RELEASED
-from .status import Transition
 
 JOBS = (api.GROUP, api.VERSION, api.PLURAL)
 RAYJOBS = (RAY_GROUP, RAY_VERSION, RAY_PLURAL)
@@ -67,11 +66,6 @@ async def rayjobs_by_job(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict
             "status": copy.deepcopy(dict(body.status)),
         }
     }
-
-
-def post_event(job: dict[str, Any], change: Transition) -> None:
-    kind = "Warning" if change.warning else "Normal"
-    kopf.event(job, type=kind, reason=change.reason, message=f"{change.type} is {change.status}: {change.message}")
 
 
 async def review(job: dict[str, Any], memo: kopf.Memo, rayjobs_by_job: Mapping[str, Any]) -> Verdict:

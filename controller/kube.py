@@ -127,14 +127,16 @@ class KubeApi:
         )
         return {job["metadata"]["uid"] for job in jobs.get("items", [])}
 
-    async def post_job_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
-        """A Normal Event on the EmbeddingJob, for what the operator did outside a handler."""
+    async def post_job_event(self, namespace: str, name: str, uid: str, reason: str, message: str,
+                             warning: bool = False) -> None:
+        """An Event on the EmbeddingJob, from the component `embedjob-operator` (kopf's own
+        Events carry the same component: `kopf_settings`)."""
         now = dt.datetime.now(dt.UTC)
         event = kubernetes.client.CoreV1Event(
             metadata=kubernetes.client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
             involved_object=kubernetes.client.V1ObjectReference(
                 api_version=api.API_VERSION, kind=api.KIND, name=name, namespace=namespace, uid=uid),
-            reason=reason, message=message[:1024], type="Normal", count=1,
+            reason=reason, message=message[:1024], type="Warning" if warning else "Normal", count=1,
             first_timestamp=now, last_timestamp=now,
             source=kubernetes.client.V1EventSource(component=EVENT_SOURCE),
         )

@@ -180,8 +180,10 @@ class StatusKeeper:
     wrote last is fresher than the watched one, which may not have caught up yet.
     """
 
-    def __init__(self, ctx: Context, emit: Callable[[dict[str, Any], status.Transition], None]):
-        self._ctx, self._emit = ctx, emit
+    def __init__(self, ctx: Context, emit: Callable[[dict[str, Any], status.Transition], None] | None = None):
+        """`emit(job, transition)`: announce a transition; by default an Event on the job."""
+        self._ctx, self._emit = ctx, emit or self._post_event
+        self._posting: set[asyncio.Task] = set()
         self._jobs: Mapping[str, Iterable[dict[str, Any]]] = {}
         self._rayjobs: Mapping[str, Iterable[dict[str, Any]]] = {}
         self._verdicts: dict[str, Verdict] = {}
@@ -237,6 +239,20 @@ class StatusKeeper:
             for change in status.transitions(current, desired):
                 self._emit(job, change)
             return True
+
+    def _post_event(self, job: dict[str, Any], change: status.Transition) -> None:
+        """Post the transition's Event beside the sync, which never waits on it."""
+        task = asyncio.get_running_loop().create_task(self._post(job["metadata"], change))
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+
+    async def _post(self, meta: dict[str, Any], change: status.Transition) -> None:
+        try:
+            await self._ctx.kube.post_job_event(meta["namespace"], meta["name"], meta["uid"], change.reason,
+                                                f"{change.type} is {change.status}: {change.message}",
+                                                warning=change.warning)
+        except Exception as exc:  # an Event is a courtesy: the status holds the same
+            log.warning("Event %s not posted: %s", change.reason, exc, extra=job_ref(meta))
 
     def unfinished(self) -> list[str]:
         return [uid for uid, jobs in self._jobs.items()

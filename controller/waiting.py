@@ -140,9 +140,9 @@ def waiting_for(cluster_name: str | None, raycluster: dict[str, Any] | None,
         return Waiting(worst.reason, worst.message + (f" (and {others} more pods with problems)" if others else ""))
     if raycluster is not None and (problem := _cluster_problem(raycluster)):
         return problem
-    if not cluster_name or raycluster is None:
+    if not cluster_name or (raycluster is None and not pods):
         return Waiting(INITIALIZING, "waiting for KubeRay to create the RayCluster")
-    state = (raycluster.get("status") or {}).get("state") or "starting"
+    state = ((raycluster or {}).get("status") or {}).get("state") or "starting"
     if not pods:
         return Waiting(INITIALIZING, f"RayCluster {cluster_name} is {state}; no pods yet")
     ordered = sorted(pods, key=lambda p: (p[1], (p[0].get("metadata", {}).get("labels") or {})
