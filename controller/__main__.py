@@ -28,7 +28,8 @@ from .settings import Settings, SettingsError
 
 LOG_FORMATS = {"json": kopf.LogFormat.JSON, "plain": kopf.LogFormat.FULL}
 API_CONNECT_TIMEOUT_SECONDS, API_REQUEST_TIMEOUT_SECONDS = REQUEST_TIMEOUT
-WATCH_SECONDS = 300  # seconds (an integer: a query parameter); the API server ends each watch after this long; kopf reconnects
+# The API server ends each watch after this long (an integer: a query parameter); kopf reconnects.
+WATCH_SECONDS = 300
 
 
 def kopf_settings() -> kopf.OperatorSettings:

@@ -114,7 +114,8 @@ async def rayjob_deleted(job: dict[str, Any], current: dict[str, Any], rayjob: d
     return not await ctx.kube.rayjob_exists(job["metadata"]["namespace"], name)
 
 
-async def waiting_for(job: dict[str, Any], rayjob: dict[str, Any] | None, ctx: Context) -> waiting.Waiting | None:
+async def observe_waiting(job: dict[str, Any], rayjob: dict[str, Any] | None,
+                          ctx: Context) -> waiting.Waiting | None:
     """What a job whose RayJob has not started waits for: its RayCluster, its pods and its
     submitter's pod. None for other jobs: the reads happen only while a job waits, at the pace
     of its status syncs (RayJob changes, EMBEDJOB_PROGRESS_INTERVAL_SECONDS)."""
@@ -152,7 +153,7 @@ async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str
         rayjob_deleted=deleted,
         run=run,
         progress_error=progress_error,
-        waiting=await waiting_for(job, rayjob, ctx) if not status.is_final(current) else None,
+        waiting=await observe_waiting(job, rayjob, ctx) if not status.is_final(current) else None,
         now=_now(),
     )
 

@@ -46,9 +46,6 @@ class Refusals:
     def forget(self, uid: str) -> None:
         self._refused.pop(uid, None)
 
-    def refused(self) -> list[str]:
-        return list(self._refused)
-
     async def review_again(self) -> None:
         """Review each refused job again, as it is stored now."""
         for uid, (ref, _) in list(self._refused.items()):
@@ -57,7 +54,7 @@ class Refusals:
                 if job is None or job["metadata"]["uid"] != uid:
                     self.forget(uid)
                     continue
-                await self._review(job)
+                await self._review(job)  # noted again through `note`
             except SpecChanged:
                 continue  # edited since it was read: kopf's update handler reviews the new version
             except Exception:  # the next round retries; a spec edit meanwhile is reviewed by its handler

@@ -2,7 +2,8 @@
 
 One `Phase` (state, reason, message) is derived from the review verdict, the RayJob's
 status (KubeRay's `jobDeploymentStatus` and `jobStatus`), the driver's run row and,
-while the job has not started, what it waits for (`controller.waiting`); the conditions follow from it with the Kubernetes conventions: `lastTransitionTime`
+while the job has not started, what it waits for (`controller.waiting`); the conditions
+follow from it with the Kubernetes conventions: `lastTransitionTime`
 changes only when a condition's status changes, `observedGeneration` is always set.
 Complete and Failed are final: later changes of the RayJob (its TTL, a deletion)
 do not reopen a finished job.
@@ -68,7 +69,8 @@ class Transition:
 
     @property
     def warning(self) -> bool:
-        return (self.type, self.status) in (("Failed", "True"), ("Accepted", "False")) or stuck(self.type, self.status, self.reason)
+        refused_or_failed = (self.type, self.status) in (("Failed", "True"), ("Accepted", "False"))
+        return refused_or_failed or stuck(self.type, self.status, self.reason)
 
 
 def stuck(type_: str, status_: str, reason: str) -> bool:

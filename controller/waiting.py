@@ -84,7 +84,7 @@ def _container_problem(pod: dict[str, Any], cs: dict[str, Any], who: str) -> Wai
 
 def _scheduling_problem(pod: dict[str, Any], who: str) -> Waiting | None:
     for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
+        if (cond.get("type"), cond.get("status"), cond.get("reason")) == ("PodScheduled", "False", "Unschedulable"):
             return Waiting("Unschedulable", f"{who} cannot be scheduled: {_clip(cond.get('message'))}")
     return None
 
@@ -121,7 +121,8 @@ def _cluster_problem(raycluster: dict[str, Any]) -> Waiting | None:
 def _pod_summary(pod: dict[str, Any], submitter: bool) -> str:
     status = pod.get("status") or {}
     phase = status.get("phase", "Pending")
-    init = [cs.get("name") for cs in status.get("initContainerStatuses") or [] if (cs.get("state") or {}).get("running")]
+    init = [cs.get("name") for cs in status.get("initContainerStatuses") or []
+            if (cs.get("state") or {}).get("running")]
     waiting = [(cs.get("state") or {}).get("waiting", {}).get("reason")
                for cs in status.get("containerStatuses") or [] if (cs.get("state") or {}).get("waiting")]
     detail = (f"in init container {init[0]}" if init
