@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 import kopf
 
@@ -16,15 +17,19 @@ from embedjob import api
 
 from . import handlers  # noqa: F401  (registers the handlers with kopf)
 from . import metrics
-from .kube import KubeApi
+from .kube import EVENT_SOURCE, REQUEST_TIMEOUT, KubeApi
 from .pool_leases import LeaseStore
 from .pool_sweeper import PoolSweeper
 from .reconcile import Context, StatusKeeper
+from .refusals import Refusals
 from .release import FINALIZER
 from .run_reader import RunReader
-from .settings import Settings
+from .settings import Settings, SettingsError
 
 LOG_FORMATS = {"json": kopf.LogFormat.JSON, "plain": kopf.LogFormat.FULL}
+API_CONNECT_TIMEOUT_SECONDS, API_REQUEST_TIMEOUT_SECONDS = REQUEST_TIMEOUT
+# The API server ends each watch after this long (an integer: a query parameter); kopf reconnects.
+WATCH_SECONDS = 300
 
 
 def kopf_settings() -> kopf.OperatorSettings:
@@ -34,15 +39,28 @@ def kopf_settings() -> kopf.OperatorSettings:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=api.GROUP, key="last-handled-configuration"
     )
-    # Only the explicit Events of the status transitions, not one per log line.
+    # Only the explicit Events of the status transitions, not one per log line; `kubectl
+    # describe` shows them from the operator, as the Events the operator posts itself.
     settings.posting.loggers = False
     settings.posting.level = logging.INFO
+    settings.posting.reporting_component = EVENT_SOURCE
+    # No API call may hang for ever (aiohttp's default is 5 minutes, and no connect bound);
+    # watches are ended by the server and reconnected, with a client-side bound above that.
+    settings.networking.connect_timeout = API_CONNECT_TIMEOUT_SECONDS
+    settings.networking.request_timeout = API_REQUEST_TIMEOUT_SECONDS
+    settings.watching.connect_timeout = API_CONNECT_TIMEOUT_SECONDS
+    settings.watching.server_timeout = WATCH_SECONDS
+    settings.watching.client_timeout = WATCH_SECONDS + API_REQUEST_TIMEOUT_SECONDS
     return settings
 
 
 def main() -> None:
-    settings = Settings.from_env()
-    kopf.configure(log_format=LOG_FORMATS[settings.log_format])
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        sys.exit(f"embedjob-operator: {exc}")
+    # Plain logs name the job of each line as [namespace/name]; JSON logs carry it as `object`.
+    kopf.configure(log_format=LOG_FORMATS[settings.log_format], log_prefix=None)
     metrics.serve(settings.metrics_port)
     runs = RunReader(settings.database_url) if settings.database_url else None
     leases = LeaseStore(settings.database_url) if settings.database_url else None
@@ -72,7 +90,8 @@ async def run(settings: Settings, context: Context) -> None:
             clusterwide=settings.clusterwide,
             namespaces=list(settings.watch_namespaces),
             liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
-            memo=kopf.Memo(context=context, keeper=StatusKeeper(context, handlers.post_event)),
+            memo=kopf.Memo(context=context, keeper=StatusKeeper(context),
+                           refusals=Refusals(context.kube)),
         )
     finally:
         if sweep is not None:

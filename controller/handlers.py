@@ -1,7 +1,8 @@
 """The kopf handlers: thin adapters from kopf's callbacks to `controller.reconcile`.
 
-- create / resume / change of spec.suspend -> `launch` (review, the one RayJob);
-  a refused job is retried after EMBEDJOB_RETRY_DELAY_SECONDS (or on its next change);
+- create / resume / change of the spec -> `launch` (review, the one RayJob); a refused
+  job is reviewed again at its next change and every EMBEDJOB_RETRY_DELAY_SECONDS
+  (`controller.refusals`);
 - a change of a job's RayJob -> the job's status (`StatusKeeper.sync`), which also
   refreshes unfinished jobs every EMBEDJOB_PROGRESS_INTERVAL_SECONDS;
 - deletion -> `cleanup` behind the finalizer `embedjob.dev/cleanup`, except for jobs
@@ -15,16 +16,16 @@ task runs per job: memory stays flat with thousands of jobs.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Mapping
 
 import kopf
 
 from embedjob import api
 
 from . import metrics, reconcile
+from .acceptance import Verdict
 from .rayjob import LABEL_JOB_UID, LABEL_MANAGED_BY, MANAGED_BY, RAY_GROUP, RAY_PLURAL, RAY_VERSION
 from .release import RELEASED
-from .status import Transition
 
 JOBS = (api.GROUP, api.VERSION, api.PLURAL)
 RAYJOBS = (RAY_GROUP, RAY_VERSION, RAY_PLURAL)
@@ -67,21 +68,33 @@ async def rayjobs_by_job(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict
     }
 
 
-def post_event(job: dict[str, Any], change: Transition) -> None:
-    kind = "Warning" if change.warning else "Normal"
-    kopf.event(job, type=kind, reason=change.reason, message=f"{change.type} is {change.status}: {change.message}")
+async def review(job: dict[str, Any], memo: kopf.Memo, rayjobs_by_job: Mapping[str, Any]) -> Verdict:
+    """Review the job (and launch it when accepted); a refusal is noted and shown in its status."""
+    ctx: reconcile.Context = memo.context
+    uid = job["metadata"]["uid"]
+    with metrics.reconcile("launch"):
+        verdict = await reconcile.launch(job, rayjobs_by_job.get(uid, []), ctx, memo.keeper.accept)
+    memo.keeper.note_verdict(uid, verdict)
+    memo.refusals.note(job, verdict)
+    if not verdict.accepted:
+        # An accepted job's status follows its RayJob's watch events instead.
+        await memo.keeper.sync(uid)
+    return verdict
 
 
 @kopf.on.startup()
-async def start_status_refresh(memo: kopf.Memo, jobs_by_uid: kopf.Index, rayjobs_by_job: kopf.Index,
-                               **_: Any) -> None:
+async def start_background(memo: kopf.Memo, jobs_by_uid: kopf.Index, rayjobs_by_job: kopf.Index,
+                           **_: Any) -> None:
+    ctx: reconcile.Context = memo.context
     memo.keeper.attach(jobs_by_uid, rayjobs_by_job)
     memo.keeper.start()
+    memo.refusals.start(ctx.settings.retry_delay_seconds, lambda job: review(job, memo, rayjobs_by_job))
 
 
 @kopf.on.cleanup()
-async def stop_status_refresh(memo: kopf.Memo, **_: Any) -> None:
+async def stop_background(memo: kopf.Memo, **_: Any) -> None:
     memo.keeper.stop()
+    memo.refusals.stop()
 
 
 @kopf.on.event(*RAYJOBS, labels=OUR_RAYJOBS)
@@ -92,26 +105,19 @@ async def rayjob_changed(labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None
 
 @kopf.on.resume(*JOBS)
 @kopf.on.create(*JOBS)
-@kopf.on.update(*JOBS, field="spec.suspend")
+@kopf.on.update(*JOBS, field="spec")
 async def launch(body: kopf.Body, memo: kopf.Memo, rayjobs_by_job: kopf.Index, **_: Any) -> None:
-    ctx: reconcile.Context = memo.context
-    uid = body.metadata.uid
-    with metrics.reconcile("launch"):
-        try:
-            verdict = await reconcile.launch(plain(body), rayjobs_by_job.get(uid, []), ctx, memo.keeper.accept)
-        except reconcile.SpecChanged as exc:
-            raise kopf.TemporaryError(f"{exc}; reviewing the new version", delay=1) from None
-    memo.keeper.note_verdict(uid, verdict)
-    if not verdict.accepted:
-        # An accepted job's status follows its RayJob's watch events instead.
-        await memo.keeper.sync(uid)
-        raise kopf.TemporaryError(f"{verdict.reason}: {verdict.message}", delay=ctx.settings.retry_delay_seconds)
+    try:
+        await review(plain(body), memo, rayjobs_by_job)
+    except reconcile.SpecChanged as exc:
+        raise kopf.TemporaryError(f"{exc}; reviewing the new version", delay=1) from None
 
 
 @kopf.on.delete(*JOBS, annotations={RELEASED: kopf.ABSENT})
 async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     ctx: reconcile.Context = memo.context
     memo.keeper.forget(body.metadata.uid)
+    memo.refusals.forget(body.metadata.uid)
     with metrics.reconcile("cleanup"):
         gone = await reconcile.cleanup(plain(body), ctx)
     if not gone:

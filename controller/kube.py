@@ -1,14 +1,15 @@
 """The few Kubernetes API calls the operator makes itself (kopf does the watching).
 
 The official client is synchronous; every call runs in a worker thread so the event
-loop (and with it every other job) never waits on one request.
+loop (and with it every other job) never waits on one request, and every call has a
+request timeout (connect, read), so a hung API server cannot hold a thread for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from typing import Any
+from typing import Any, Callable
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
@@ -21,6 +22,9 @@ RAYCLUSTERS = "rayclusters"
 EVENT_SOURCE = "embedjob-operator"
 
 NOT_FOUND, CONFLICT = 404, 409
+
+# Seconds to connect to the API server, and to wait for its answer.
+REQUEST_TIMEOUT = (10.0, 30.0)
 
 
 def api_client() -> kubernetes.client.ApiClient:
@@ -35,9 +39,16 @@ def api_client() -> kubernetes.client.ApiClient:
 class KubeApi:
     """The operator's own calls to the Kubernetes API (one client for the whole operator)."""
 
-    def __init__(self, client: kubernetes.client.ApiClient):
+    def __init__(self, client: kubernetes.client.ApiClient,
+                 request_timeout: tuple[float, float] = REQUEST_TIMEOUT):
+        self._client = client
         self._core = kubernetes.client.CoreV1Api(client)
         self._custom = kubernetes.client.CustomObjectsApi(client)
+        self._timeout = request_timeout
+
+    async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One API call in a worker thread, bounded by the request timeout."""
+        return await asyncio.to_thread(method, *args, _request_timeout=self._timeout, **kwargs)
 
     @classmethod
     def from_environment(cls) -> "KubeApi":
@@ -46,7 +57,7 @@ class KubeApi:
     async def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Secret's `data` map (values stay base64), None if it does not exist."""
         try:
-            secret = await asyncio.to_thread(self._core.read_namespaced_secret, name, namespace)
+            secret = await self._call(self._core.read_namespaced_secret, name, namespace)
         except ApiException as exc:
             if exc.status == NOT_FOUND:
                 return None
@@ -57,37 +68,37 @@ class KubeApi:
         """Create the RayJob; if one of that name exists already, return that one."""
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
         try:
-            return await asyncio.to_thread(
+            return await self._call(
                 self._custom.create_namespaced_custom_object, RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, manifest
             )
         except ApiException as exc:
             if exc.status != CONFLICT:
                 raise
-        return await asyncio.to_thread(
-            self._custom.get_namespaced_custom_object, RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name
-        )
+        return await self._get_custom(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name)
 
     async def set_rayjob_suspend(self, namespace: str, name: str, suspend: bool) -> None:
-        await asyncio.to_thread(
+        await self._call(
             self._custom.patch_namespaced_custom_object,
             RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, {"spec": {"suspend": suspend}},
         )
 
-    async def rayjob_exists(self, namespace: str, name: str) -> bool:
+    async def _get_custom(self, group: str, version: str, namespace: str, plural: str,
+                          name: str) -> dict[str, Any] | None:
+        """A custom object, None if it does not exist."""
         try:
-            await asyncio.to_thread(
-                self._custom.get_namespaced_custom_object, RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name
-            )
+            return await self._call(self._custom.get_namespaced_custom_object, group, version, namespace, plural, name)
         except ApiException as exc:
             if exc.status == NOT_FOUND:
-                return False
+                return None
             raise
-        return True
+
+    async def rayjob_exists(self, namespace: str, name: str) -> bool:
+        return await self._get_custom(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name) is not None
 
     async def delete_rayjob(self, namespace: str, name: str) -> bool:
         """Ask for the RayJob's deletion; True once it is gone."""
         try:
-            await asyncio.to_thread(
+            await self._call(
                 self._custom.delete_namespaced_custom_object,
                 RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, propagation_policy="Background",
             )
@@ -98,27 +109,31 @@ class KubeApi:
         return not await self.rayjob_exists(namespace, name)
 
     async def get_raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return await asyncio.to_thread(
-                self._custom.get_namespaced_custom_object, RAY_GROUP, RAY_VERSION, namespace, RAYCLUSTERS, name
-            )
-        except ApiException as exc:
-            if exc.status == NOT_FOUND:
-                return None
-            raise
+        return await self._get_custom(RAY_GROUP, RAY_VERSION, namespace, RAYCLUSTERS, name)
 
-    async def post_job_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
-        """A Normal Event on the EmbeddingJob, for what the operator did outside a handler."""
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The EmbeddingJob as stored now, None if it is gone."""
+        return await self._get_custom(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
+
+    async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The pods that carry the labels, as the API server returns them (camelCase dicts)."""
+        pods = await self._call(self._core.list_namespaced_pod, namespace, label_selector=label_selector)
+        return self._client.sanitize_for_serialization(pods).get("items", [])
+
+    async def post_job_event(self, namespace: str, name: str, uid: str, reason: str, message: str,
+                             warning: bool = False) -> None:
+        """An Event on the EmbeddingJob, from the component `embedjob-operator` (kopf's own
+        Events carry the same component: `kopf_settings`)."""
         now = dt.datetime.now(dt.UTC)
         event = kubernetes.client.CoreV1Event(
             metadata=kubernetes.client.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
             involved_object=kubernetes.client.V1ObjectReference(
                 api_version=api.API_VERSION, kind=api.KIND, name=name, namespace=namespace, uid=uid),
-            reason=reason, message=message[:1024], type="Normal", count=1,
+            reason=reason, message=message[:1024], type="Warning" if warning else "Normal", count=1,
             first_timestamp=now, last_timestamp=now,
             source=kubernetes.client.V1EventSource(component=EVENT_SOURCE),
         )
-        await asyncio.to_thread(self._core.create_namespaced_event, namespace, event)
+        await self._call(self._core.create_namespaced_event, namespace, event)
 
     async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any],
                                resource_version: str | None = None) -> dict[str, Any]:
@@ -127,7 +142,7 @@ class KubeApi:
         body: dict[str, Any] = {"status": status}
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
-        job = await asyncio.to_thread(
+        job = await self._call(
             self._custom.patch_namespaced_custom_object_status,
             api.GROUP, api.VERSION, namespace, api.PLURAL, name, body,
         )
@@ -135,7 +150,7 @@ class KubeApi:
 
     async def list_jobs(self, namespace: str) -> list[dict[str, Any]]:
         """The EmbeddingJobs that exist in the namespace."""
-        jobs = await asyncio.to_thread(
+        jobs = await self._call(
             self._custom.list_namespaced_custom_object, api.GROUP, api.VERSION, namespace, api.PLURAL
         )
         return jobs.get("items", [])

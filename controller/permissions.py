@@ -33,14 +33,18 @@ class Rule:
 
 # In the watched namespaces.
 NAMESPACED_RULES = (
-    Rule((api.GROUP,), (api.PLURAL,), ("list", "watch", "patch"),
-         "kopf watches the jobs and patches their finalizer and its embedjob.dev/* annotations"),
+    Rule((api.GROUP,), (api.PLURAL,), ("get", "list", "watch", "patch"),
+         "kopf watches the jobs and patches their finalizer and its embedjob.dev/* annotations; "
+         "a refused job is read again before each re-review"),
     Rule((api.GROUP,), (f"{api.PLURAL}/status",), ("patch",), "the operator writes status and conditions"),
     Rule((RAY_GROUP,), ("rayjobs",), ("get", "list", "watch", "create", "patch", "delete"),
          "one RayJob per job: created, watched for status, suspended/resumed, deleted by the finalizer"),
     Rule((RAY_GROUP,), ("rayclusters",), ("get",),
          "a selected RayCluster must hand the job's Secret to its driver (acceptance); a shared "
-         "RayCluster's dashboard address and token Secret name, to remove idle actor pools"),
+         "RayCluster's dashboard address and token Secret name, to remove idle actor pools; "
+         "the state of a job's RayCluster while the job waits for it"),
+    Rule(("",), ("pods",), ("list",),
+         "what a job that has not started waits for: its RayCluster's and its submitter's pods"),
     Rule(("",), ("secrets",), ("get",),
          "checks that the job's database Secret and key exist; reads a shared RayCluster's Ray token"),
     Rule(("",), ("events",), ("create",), "an Event on every condition transition"),

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from kubernetes.client.exceptions import ApiException
 
-from . import acceptance, metrics, status
+from . import acceptance, metrics, status, waiting
 from .acceptance import ACCEPTED, Verdict
 from .kube import CONFLICT, KubeApi
 from .metrics import JobStates
@@ -31,6 +31,8 @@ log = logging.getLogger("controller.reconcile")
 
 # KubeRay deployment states in which the driver reports progress (or has reported its last).
 PROGRESS_STATES = ("Running", "Complete", "Failed")
+# KubeRay deployment states before the job runs: what it waits for is read from its pods.
+WAITING_STATES = ("", "Initializing", "Waiting")
 
 
 @dataclass
@@ -47,6 +49,13 @@ class Context:
         """A job on a shared cluster ended or went away: its pool may become idle."""
         if self.pool_sweeper is not None and spec.get("clusterSelector"):
             self.pool_sweeper.wake()
+
+
+def job_ref(meta: dict[str, Any]) -> dict[str, Any]:
+    """`extra` for a log record about a job: kopf's formatters prefix `[namespace/name]` (plain)
+    or add an `object` field (JSON)."""
+    return {"k8s_ref": {"kind": "EmbeddingJob", "namespace": meta.get("namespace"), "name": meta.get("name"),
+                        "uid": meta.get("uid")}}
 
 
 class SpecChanged(Exception):
@@ -107,6 +116,27 @@ async def rayjob_deleted(job: dict[str, Any], current: dict[str, Any], rayjob: d
     return not await ctx.kube.rayjob_exists(job["metadata"]["namespace"], name)
 
 
+async def observe_waiting(job: dict[str, Any], rayjob: dict[str, Any] | None,
+                          ctx: Context) -> waiting.Waiting | None:
+    """What a job whose RayJob has not started waits for: its RayCluster, its pods and its
+    submitter's pod. None for other jobs: the reads happen only while a job waits, at the pace
+    of its status syncs (RayJob changes, EMBEDJOB_PROGRESS_INTERVAL_SECONDS)."""
+    rj_status = (rayjob or {}).get("status") or {}
+    if rayjob is None or rj_status.get("jobDeploymentStatus", "") not in WAITING_STATES or job["spec"].get("suspend"):
+        return None
+    namespace, cluster = job["metadata"]["namespace"], rj_status.get("rayClusterName")
+    if not cluster:
+        return waiting.waiting_for(None, None, [], [])
+    try:
+        raycluster = await ctx.kube.get_raycluster(namespace, cluster)
+        pods = await ctx.kube.list_pods(namespace, f"{waiting.CLUSTER_LABEL}={cluster}")
+        submitter = await ctx.kube.list_pods(namespace, f"{waiting.JOB_NAME_LABEL}={rayjob['metadata']['name']}")
+    except ApiException as exc:
+        return waiting.Waiting(waiting.INITIALIZING, f"RayCluster {cluster}: its pods cannot be read "
+                               f"({exc.status} {exc.reason})")
+    return waiting.waiting_for(cluster, raycluster, pods, submitter)
+
+
 async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str, Any] | None,
                   verdict: Verdict | None, ctx: Context) -> status.Observation:
     run, progress_error = None, None
@@ -126,6 +156,7 @@ async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str
         rayjob_deleted=deleted,
         run=run,
         progress_error=progress_error,
+        waiting=await observe_waiting(job, rayjob, ctx) if not status.is_final(current) else None,
         now=_now(),
     )
 
@@ -153,8 +184,10 @@ class StatusKeeper:
     wrote last is fresher than the watched one, which may not have caught up yet.
     """
 
-    def __init__(self, ctx: Context, emit: Callable[[dict[str, Any], status.Transition], None]):
-        self._ctx, self._emit = ctx, emit
+    def __init__(self, ctx: Context, emit: Callable[[dict[str, Any], status.Transition], None] | None = None):
+        """`emit(job, transition)`: announce a transition; by default an Event on the job."""
+        self._ctx, self._emit = ctx, emit or self._post_event
+        self._posting: set[asyncio.Task] = set()
         self._jobs: Mapping[str, Iterable[dict[str, Any]]] = {}
         self._rayjobs: Mapping[str, Iterable[dict[str, Any]]] = {}
         self._verdicts: dict[str, Verdict] = {}
@@ -211,6 +244,20 @@ class StatusKeeper:
                 self._emit(job, change)
             return True
 
+    def _post_event(self, job: dict[str, Any], change: status.Transition) -> None:
+        """Post the transition's Event beside the sync, which never waits on it."""
+        task = asyncio.get_running_loop().create_task(self._post(job["metadata"], change))
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+
+    async def _post(self, meta: dict[str, Any], change: status.Transition) -> None:
+        try:
+            await self._ctx.kube.post_job_event(meta["namespace"], meta["name"], meta["uid"], change.reason,
+                                                f"{change.type} is {change.status}: {change.message}",
+                                                warning=change.warning)
+        except Exception as exc:  # an Event is a courtesy: the status holds the same
+            log.warning("Event %s not posted: %s", change.reason, exc, extra=job_ref(meta))
+
     def unfinished(self) -> list[str]:
         return [uid for uid, jobs in self._jobs.items()
                 if not any(status.is_final(self._written.get(uid, job.get("status") or {})) for job in jobs)]
@@ -222,7 +269,8 @@ class StatusKeeper:
                 try:
                     await self.sync(uid)
                 except Exception:  # counted by metrics.reconcile; the next round retries
-                    log.exception("status refresh of job %s failed", uid)
+                    job = next(iter(self._jobs.get(uid, ())), {"metadata": {"uid": uid}})
+                    log.exception("status refresh failed", extra=job_ref(job["metadata"]))
 
     def start(self) -> None:
         self._refresher = asyncio.create_task(self._refresh_forever(self._ctx.settings.progress_interval_seconds))

@@ -62,7 +62,7 @@ class Settings:
             try:
                 value = kind(raw)
             except ValueError:
-                raise SettingsError(f"{name}={raw!r} is not a {kind.__name__}") from None
+                raise SettingsError(f"{name}={raw!r} is not {'an integer' if kind is int else 'a number'}") from None
             if value < minimum:
                 raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
             return value

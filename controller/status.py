@@ -1,8 +1,9 @@
 """The EmbeddingJob's status from what the operator observes (pure functions).
 
 One `Phase` (state, reason, message) is derived from the review verdict, the RayJob's
-status (KubeRay's `jobDeploymentStatus` and `jobStatus`) and the driver's run row;
-the conditions follow from it with the Kubernetes conventions: `lastTransitionTime`
+status (KubeRay's `jobDeploymentStatus` and `jobStatus`), the driver's run row and,
+while the job has not started, what it waits for (`controller.waiting`); the conditions
+follow from it with the Kubernetes conventions: `lastTransitionTime`
 changes only when a condition's status changes, `observedGeneration` is always set.
 Complete and Failed are final: later changes of the RayJob (its TTL, a deletion)
 do not reopen a finished job.
@@ -23,6 +24,7 @@ from embedjob.contract import EXIT_REASONS
 
 from .acceptance import ACCEPTED, Verdict
 from .run_reader import RunRow
+from .waiting import STUCK_REASONS, Waiting
 
 CONDITION_TYPES = ("Accepted", "Running", "Complete", "Failed", "Suspended")
 FINAL_STATES = (JobState.complete.value, JobState.failed.value)
@@ -53,6 +55,7 @@ class Observation:
     progress_error: str | None  # why the run row could not be read
     now: str  # RFC 3339, UTC
     rayjob_deleted: bool = False  # it existed (status.rayJobName) and the API server confirms it is gone
+    waiting: Waiting | None = None  # what a job not started yet waits for (its RayCluster and pods)
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,13 @@ class Transition:
 
     @property
     def warning(self) -> bool:
-        return (self.type, self.status) in (("Failed", "True"), ("Accepted", "False"))
+        refused_or_failed = (self.type, self.status) in (("Failed", "True"), ("Accepted", "False"))
+        return refused_or_failed or stuck(self.type, self.status, self.reason)
+
+
+def stuck(type_: str, status_: str, reason: str) -> bool:
+    """A Running=False condition whose reason says the job's pods cannot start."""
+    return (type_, status_) == ("Running", "False") and reason in STUCK_REASONS
 
 
 def _short(text: str | None, limit: int = MAX_MESSAGE) -> str:
@@ -183,6 +192,8 @@ def phase(current: dict[str, Any], obs: Observation) -> Phase:
         return Phase(JobState.running.value, "JobRunning", _running_message(obs))
     if deployment == "Retrying":
         return Phase(JobState.pending.value, "Retrying", _short(status.get("message")) or "KubeRay retries the job")
+    if obs.waiting is not None:
+        return Phase(JobState.pending.value, obs.waiting.reason, obs.waiting.message)
     return Phase(JobState.pending.value, "Initializing", "waiting for the RayCluster and the job submission")
 
 
@@ -208,8 +219,10 @@ def _conditions(current: dict[str, Any], ph: Phase, verdict: Verdict | None, obs
     conditions = [_condition(current, "Accepted", *accepted, obs.generation, obs.now)]
     for type_ in CONDITION_TYPES[1:]:
         holds = ph.state == type_
+        # A pending job's Running condition says what it waits for.
+        explains = holds or (type_ == "Running" and ph.state == JobState.pending.value)
         conditions.append(
-            _condition(current, type_, "True" if holds else "False", ph.reason, ph.message if holds else "",
+            _condition(current, type_, "True" if holds else "False", ph.reason, ph.message if explains else "",
                        obs.generation, obs.now)
         )
     return conditions
@@ -264,14 +277,16 @@ def status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, 
 
 
 def transitions(current: dict[str, Any], desired: dict[str, Any]) -> list[Transition]:
-    """Conditions that became True, and a new reason to refuse the job: one Event each."""
+    """Conditions that became True, and a new reason to refuse the job or why its pods cannot
+    start: one Event each."""
     out = []
     for cond in desired.get("conditions", []):
         old = find_condition(current, cond["type"]) or {}
         became_true = cond["status"] == "True" and old.get("status") != "True"
-        refused_anew = (cond["type"], cond["status"]) == ("Accepted", "False") and (
-            old.get("status"), old.get("reason")) != ("False", cond["reason"])
-        if became_true or refused_anew:
+        new_reason = (old.get("status"), old.get("reason")) != ("False", cond["reason"])
+        refused_anew = (cond["type"], cond["status"]) == ("Accepted", "False") and new_reason
+        stuck_anew = stuck(cond["type"], cond["status"], cond["reason"]) and new_reason
+        if became_true or refused_anew or stuck_anew:
             out.append(Transition(cond["type"], cond["status"], cond["reason"], cond["message"]))
     return out
 

@@ -68,6 +68,18 @@ def openapi_schema(model: type[api.BaseModel]) -> dict[str, Any]:
     return _structural(schema, defs)
 
 
+def _without_defaults(node: Any) -> Any:
+    """The schema with no `default`: the operator writes the status whole, and a default
+    there would show numbers nothing measured (e.g. 0 texts/s for a job that never ran)."""
+    if isinstance(node, list):
+        return [_without_defaults(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    return {key: ({name: _without_defaults(prop) for name, prop in value.items()}  # field names, not keywords
+                  if key == "properties" else _without_defaults(value))
+            for key, value in node.items() if key != "default"}
+
+
 def _spec_unchanged_rule() -> str:
     """CEL: every spec field but `suspend` equals its old value."""
     clauses = []
@@ -88,14 +100,16 @@ ACCEPTED_BEFORE = (
     "oldSelf.status.conditions.exists(c, c.type == 'Accepted' && c.status == 'True')"
 )
 
+# The reason is a default column: a Pending job says what it waits for (SecretNotFound,
+# Unschedulable, ImagePullBackOff, ...) without `-o wide`.
 PRINTER_COLUMNS = [
     {"name": "Status", "type": "string", "jsonPath": ".status.state"},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
     {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Texts/s", "type": "number", "jsonPath": ".status.progress.textsPerSecond", "priority": 1},
     {"name": "RayJob", "type": "string", "jsonPath": ".status.rayJobName", "priority": 1},
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "priority": 1},
-    {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
     {"name": "Ray", "type": "string", "jsonPath": ".status.jobDeploymentStatus", "priority": 1},
 ]
 
@@ -116,7 +130,7 @@ def crd() -> dict[str, Any]:
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
             "spec": openapi_schema(api.EmbeddingJobSpec),
-            "status": openapi_schema(api_status.EmbeddingJobStatus),
+            "status": _without_defaults(openapi_schema(api_status.EmbeddingJobStatus)),
         },
         "x-kubernetes-validations": [
             NAME_RULE,

@@ -112,7 +112,7 @@ def test_printer_columns(kube, namespace):
     kube.kubectl("patch", "ej", "printed", "-n", namespace, "--subresource=status", "--type=merge",
                  "-p", json.dumps(patch))
     header, row = kube.kubectl("get", "ej", "printed", "-n", namespace).stdout.splitlines()
-    assert header.split() == ["NAME", "STATUS", "PROGRESS", "AGE"]
-    assert row.split()[:4] == ["printed", "Running", "120/400", "batches"]
+    assert header.split() == ["NAME", "STATUS", "REASON", "PROGRESS", "AGE"]
+    assert row.split()[:5] == ["printed", "Running", "JobRunning", "120/400", "batches"]
     wide = kube.kubectl("get", "ej", "printed", "-n", namespace, "-o", "wide").stdout
     assert "TEXTS/S" in wide and "REASON" in wide and "JobRunning" in wide

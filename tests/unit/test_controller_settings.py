@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from controller import permissions
+from controller.kube import REQUEST_TIMEOUT
 from controller.settings import DEFAULT_RAY_VERSION, Settings, SettingsError
 
 
@@ -78,3 +80,60 @@ def test_controller_never_imports_ray_torch_or_sentence_transformers():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def _operator(env: dict[str, str], code: str | None = None) -> subprocess.CompletedProcess:
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDJOB_")}
+    command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "controller"]
+    return subprocess.run(command, capture_output=True, text=True, env={**inherited, **env}, timeout=60)
+
+
+@pytest.mark.parametrize("name, value, expected", [
+    ("EMBEDJOB_PROGRESS_INTERVAL_SECONDS", "abc", "EMBEDJOB_PROGRESS_INTERVAL_SECONDS='abc' is not a number"),
+    ("EMBEDJOB_HEALTH_PORT", "80.5", "EMBEDJOB_HEALTH_PORT='80.5' is not an integer"),
+    ("EMBEDJOB_LOG_FORMAT", "xml", "EMBEDJOB_LOG_FORMAT='xml' must be json or plain"),
+])
+def test_a_bad_setting_stops_the_operator_with_one_line(name, value, expected):
+    out = _operator({name: value})
+    assert out.returncode != 0
+    assert out.stderr.splitlines() == [f"embedjob-operator: {expected}"], out.stderr
+
+
+def test_kopf_has_request_timeouts_and_posts_events_as_the_operator():
+    code = (
+        "import json\n"
+        "from controller.__main__ import kopf_settings\n"
+        "s = kopf_settings()\n"
+        "print(json.dumps([s.networking.connect_timeout, s.networking.request_timeout, s.watching.connect_timeout,\n"
+        "                  s.watching.server_timeout, s.watching.client_timeout, s.posting.reporting_component]))\n"
+    )
+    out = _operator({}, code)
+    assert out.returncode == 0, out.stderr
+    connect, request, watch_connect, server, client, component = json.loads(out.stdout)
+    assert (connect, request, watch_connect) == (REQUEST_TIMEOUT[0], REQUEST_TIMEOUT[1], REQUEST_TIMEOUT[0])
+    assert 0 < request <= 60 and 0 < server < client and isinstance(server, int)  # a query parameter
+    assert component == "embedjob-operator"
+
+
+def test_api_calls_give_up_on_a_server_that_never_answers():
+    """A server that accepts connections and never answers: each call fails after its timeout."""
+    import asyncio
+    import socket
+    import time
+
+    import kubernetes
+
+    from controller.kube import KubeApi
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        config = kubernetes.client.Configuration()
+        config.host = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        kube = KubeApi(kubernetes.client.ApiClient(config), request_timeout=(0.5, 0.5))
+        for call in (lambda: kube.read_secret("ns", "db"), lambda: kube.list_pods("ns", "ray.io/cluster=c"),
+                     lambda: kube.get_job("ns", "pep")):
+            started = time.monotonic()
+            with pytest.raises(Exception, match="(?i)timed? ?out"):
+                asyncio.run(call())
+            assert time.monotonic() - started < 5
