@@ -150,7 +150,8 @@ def test_job_runs_to_complete_through_kuberay_pods(real_path, real_node, kuberay
     uri, ids = sample(pod_visible_dir, RECORDS)
     started = time.monotonic()
     with PodWatcher(kube, namespace) as watcher:
-        apply_job(kube, namespace, "pep", source={"uri": uri}, model=MODEL, batching={"batchSize": 16})
+        apply_job(kube, namespace, "pep", source={"uri": uri}, model=MODEL, batching={"batchSize": 16},
+                  ttlSecondsAfterFinished=0)  # the cluster goes at once (unset keeps it 10 minutes)
         job = wait_complete(kube, namespace, "pep", lambda: diagnostics(kube, namespace, real_node,
                                                                             kuberay_operator, operator, watcher))
         # the pods KubeRay made, run by the test node: head and worker Running, the submitter Succeeded
@@ -186,7 +187,8 @@ def test_job_runs_to_complete_through_kuberay_pods(real_path, real_node, kuberay
     assert pod_database_url not in json.dumps(rayjob)
     reasons = [e["reason"] for e in events_for(kube, namespace, "pep")]
     assert {"RayJobCreated", "JobRunning", "Succeeded"} <= set(reasons), reasons
-    wait_until("the RayCluster removed (shutdownAfterJobFinishes)", lambda: kube.kubectl(
+    assert rayjob["spec"]["ttlSecondsAfterFinished"] == 0
+    wait_until("the RayCluster removed (shutdownAfterJobFinishes, ttlSecondsAfterFinished 0)", lambda: kube.kubectl(
         "get", "raycluster", cluster, "-n", namespace, check=False).returncode != 0, timeout=120)
 
 
