@@ -114,20 +114,13 @@ NAME_RULE = {
 }
 
 
-# What `kubectl explain embeddingjobs` says about the object and its standard fields.
+# What `kubectl explain embeddingjobs` says about the object.
 DESCRIPTION = (
     "A batch job that embeds the texts of one input (spec.source) with a sentence-transformers model "
     "(spec.model) on a Ray cluster that KubeRay runs for it (spec.workers), and writes the vectors into a "
     "pgvector table in PostgreSQL (spec.sink). The operator creates one RayJob for it and reports progress "
     "and state in status. Troubleshooting: docs/troubleshooting.md; the driver's log: `embedjob logs NAME`."
 )
-STANDARD_FIELDS = {
-    "apiVersion": {"type": "string", "description": f"{api.API_VERSION}."},
-    "kind": {"type": "string", "description": f"{api.KIND}."},
-    "metadata": {"type": "object", "description": "Standard object metadata; the name is at most 63 characters "
-                 "(it becomes a label value on the job's RayJob)."},
-}
-
 
 def crd() -> dict[str, Any]:
     root = {
@@ -135,7 +128,10 @@ def crd() -> dict[str, Any]:
         "description": DESCRIPTION,
         "required": ["spec"],
         "properties": {
-            **STANDARD_FIELDS,
+            # the API server describes these standard fields itself (ObjectMeta and all)
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
             "spec": openapi_schema(api.EmbeddingJobSpec),
             "status": openapi_schema(api_status.EmbeddingJobStatus),
         },
