@@ -18,6 +18,8 @@ from embedjob.contract import DATABASE_URL_ENV
 # Schemes the driver reads through fsspec; a plain path is a file in the worker image
 # or on a volume mounted into it.
 SUPPORTED_SCHEMES = frozenset({"file", "s3", "gs", "gcs", "az", "abfs", "abfss", "http", "https"})
+# The sample input the worker image ships (worker_image/Dockerfile copies it there).
+SAMPLE_IN_WORKER_IMAGE = "/opt/embedjob/examples/pep-sample.jsonl"
 # A pinned hub revision is a commit id; a branch or tag name can move under the job.
 COMMIT_ID = re.compile(r"^[0-9a-f]{7,64}$")
 
@@ -39,10 +41,22 @@ def _reject(reason: str, message: str) -> Verdict:
 
 
 def check_source(uri: str) -> Verdict | None:
+    """A URL of a supported scheme or an absolute path. A relative path is refused: the driver
+    runs in a pod, where nothing says what it is relative to (`embedjob run` resolves it
+    against the manifest's directory, which a cluster job does not have)."""
     scheme = urlsplit(uri).scheme.lower()
     if scheme and scheme not in SUPPORTED_SCHEMES:
         supported = ", ".join(sorted(SUPPORTED_SCHEMES))
-        return _reject("UnsupportedSource", f"spec.source.uri: scheme {scheme!r} is not supported ({supported}, or a path)")
+        return _reject("UnsupportedSource",
+                       f"spec.source.uri: scheme {scheme!r} is not supported ({supported}, or an absolute path)")
+    path = uri.split(":", 1)[1].removeprefix("//") if scheme == "file" else uri
+    if scheme in ("", "file") and not path.startswith("/"):
+        return _reject(
+            "RelativeSourcePath",
+            f"spec.source.uri: {uri!r} is a relative path, which the driver's pod cannot resolve; give an "
+            "absolute path in the worker image or on a volume mounted into the Ray pods (e.g. "
+            f"{SAMPLE_IN_WORKER_IMAGE}, the sample the worker image ships), or a URL (s3://, gs://, https://...)",
+        )
     return None
 
 

@@ -172,8 +172,9 @@ def build_rayjob(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Sett
     else:
         rayjob_spec["rayClusterSpec"] = _cluster_spec(job, spec, settings)
         rayjob_spec["shutdownAfterJobFinishes"] = True
-        if spec.ttl_seconds_after_finished is not None:
-            rayjob_spec["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
+        # KubeRay's own default, 0, deletes the cluster (and the driver's log on its head) at once.
+        ttl = spec.ttl_seconds_after_finished
+        rayjob_spec["ttlSecondsAfterFinished"] = api.DEFAULT_TTL_SECONDS_AFTER_FINISHED if ttl is None else ttl
     return {
         "apiVersion": RAY_API_VERSION,
         "kind": "RayJob",

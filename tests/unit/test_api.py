@@ -1,9 +1,12 @@
 """The shared API model and the CRD generated from it (no cluster needed)."""
 
+import json
+
 import pytest
 import yaml
 
 from embedjob import api, crd, manifest
+from support.crd_schema import fields, root_schema
 from support.paths import REPO
 
 CRD_FILE = REPO / "crds" / "embeddingjobs.embedjob.dev.yaml"
@@ -64,3 +67,24 @@ def test_manifest_loader_names_apiversion_and_kind(tmp_path):
     with pytest.raises(api.SpecError) as info:
         manifest.load_manifest(bad)
     assert "apiVersion" in str(info.value) and "kind" in str(info.value)
+
+
+def test_every_field_of_the_crd_has_a_description():
+    """`kubectl explain` shows a field's description; none may be `<empty>` (the object, spec, status
+    and each field below them), and a field with a default says it."""
+    paths = dict(fields(root_schema()))
+    assert {"embeddingjobs", "embeddingjobs.spec", "embeddingjobs.status", "embeddingjobs.status.conditions",
+            "embeddingjobs.status.conditions.reason", "embeddingjobs.status.progress.textsPerSecond",
+            "embeddingjobs.spec.sink.databaseSecretRef.key"} <= set(paths)
+    undescribed = [path for path, node in paths.items() if not node.get("description", "").strip()]
+    assert not undescribed, undescribed
+    for path, node in paths.items():
+        assert "\n" not in node["description"], path  # docstrings are joined into one line
+        if "default" in node and node["default"] != {}:
+            assert node["description"].endswith(f"Default: {json.dumps(node['default'])}."), path
+
+
+def test_ttl_default_is_described_where_the_operator_applies_it():
+    ttl = root_schema()["properties"]["spec"]["properties"]["ttlSecondsAfterFinished"]
+    assert "default" not in ttl  # a schema default would break clusterSelector jobs (CEL rule)
+    assert f"Unset: {api.DEFAULT_TTL_SECONDS_AFTER_FINISHED};" in ttl["description"]

@@ -118,6 +118,14 @@ def test_spec_fields_are_mapped():
     assert spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == "mine:2"
 
 
+@pytest.mark.parametrize("ttl, kept", [(None, api.DEFAULT_TTL_SECONDS_AFTER_FINISHED), (0, 0), (3600, 3600)])
+def test_a_finished_jobs_cluster_is_kept_for_the_ttl_ten_minutes_unless_set(ttl, kept):
+    """KubeRay's default (0) would delete the cluster, and the driver's log on its head, at once."""
+    assert api.DEFAULT_TTL_SECONDS_AFTER_FINISHED == 600
+    spec = rayjob_of(job(ttlSecondsAfterFinished=ttl))["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] == kept
+
+
 def test_cluster_selector_runs_on_an_existing_cluster():
     spec = rayjob_of(job(clusterSelector={"ray.io/cluster": "shared"}, ttlSecondsAfterFinished=None))["spec"]
     assert spec["clusterSelector"] == {"ray.io/cluster": "shared"}

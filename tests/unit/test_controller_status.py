@@ -23,10 +23,21 @@ def spec(**fields) -> api.EmbeddingJobSpec:
 # --- review ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("uri", ["data/in.jsonl", "/abs/in.jsonl", "file:///in.jsonl", "s3://b/k.jsonl",
+@pytest.mark.parametrize("uri", ["/abs/in.jsonl", "file:///in.jsonl", "file:/in.jsonl", "s3://b/k.jsonl",
                                  "gs://b/k.csv", "https://host/x.parquet", "abfs://c/x.jsonl"])
 def test_supported_sources_are_accepted(uri):
     assert acceptance.review(spec(source={"uri": uri}), SECRET) == ACCEPTED
+
+
+@pytest.mark.parametrize("uri", ["pep-sample.jsonl", "data/in.jsonl", "./in.jsonl", "../in.jsonl", "~/in.jsonl",
+                                 "file://in.jsonl", "file:in.jsonl"])
+def test_relative_source_paths_are_refused_for_cluster_jobs(uri):
+    """The driver's pod has no manifest directory to resolve a relative path against
+    (`embedjob run` resolves it locally; the pod would fail with SourceUnavailable)."""
+    verdict = acceptance.review(spec(source={"uri": uri}), SECRET)
+    assert (verdict.accepted, verdict.reason) == (False, "RelativeSourcePath")
+    assert verdict.message.startswith(f"spec.source.uri: {uri!r} is a relative path")
+    assert acceptance.SAMPLE_IN_WORKER_IMAGE in verdict.message  # says what to write instead
 
 
 @pytest.mark.parametrize("uri", ["ftp://host/x.jsonl", "hdfs://nn/x", "c:/data/x.jsonl", "postgres://db/t"])

@@ -16,8 +16,12 @@ import shlex
 import subprocess
 import sys
 
+import yaml
 from packaging.requirements import Requirement
 
+from controller import acceptance
+from controller.acceptance import SAMPLE_IN_WORKER_IMAGE
+from embedjob import api
 from embedjob.contract import DRIVER_MODULE
 from support.dockerfiles import (
     CONTROLLER_DOCKERFILE,
@@ -145,3 +149,28 @@ def test_controller_extra_pulls_in_no_ray_or_torch():
     assert not closure & HEAVY_DISTRIBUTIONS, sorted(closure & HEAVY_DISTRIBUTIONS)
     # the check itself sees heavy dependencies where they are
     assert {"ray", "torch"} <= requirement_closure(project["optional-dependencies"]["worker"])
+
+
+# ------------------------------------------------------------ cluster quickstart
+
+
+def test_worker_image_ships_the_sample_where_the_cluster_quickstart_reads_it():
+    cluster_job = yaml.safe_load((REPO / "examples" / "quickstart-cluster.yaml").read_text())
+    uri = cluster_job["spec"]["source"]["uri"]
+    assert uri == SAMPLE_IN_WORKER_IMAGE
+    copies = [ins.arguments.split() for ins in parse_dockerfile(WORKER_DOCKERFILE) if ins.keyword == "COPY"]
+    assert ["examples/pep-sample.jsonl", SAMPLE_IN_WORKER_IMAGE] in copies, copies
+    # and the build context holds it (.dockerignore excludes everything not listed)
+    assert "!examples/pep-sample.jsonl" in (REPO / ".dockerignore").read_text().splitlines()
+    assert (REPO / "examples" / "pep-sample.jsonl").is_file()
+
+
+def test_cluster_quickstart_is_the_local_one_reading_the_image_sample_and_is_accepted():
+    local, cluster = (yaml.safe_load((REPO / "examples" / name).read_text())
+                      for name in ("quickstart.yaml", "quickstart-cluster.yaml"))
+    assert acceptance.check_source(local["spec"]["source"]["uri"]).reason == "RelativeSourcePath"
+    cluster["spec"]["source"]["uri"] = local["spec"]["source"]["uri"]
+    assert cluster == local  # the two examples differ only in where the input is
+    spec = api.parse_spec(yaml.safe_load((REPO / "examples" / "quickstart-cluster.yaml").read_text())["spec"])
+    secret = {"data": {spec.sink.database_secret_ref.key: "cG9zdGdyZXNxbDovL3UvZA=="}}
+    assert acceptance.review(spec, secret) == acceptance.ACCEPTED

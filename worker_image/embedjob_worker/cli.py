@@ -22,6 +22,7 @@ from embedjob.contract import DATABASE_URL_ENV, ExitCode  # noqa: E402
 from .config import JobConfig  # noqa: E402
 from .driver import unreachable_exit_code  # noqa: E402
 from .errors import Unreachable  # noqa: E402
+from . import job_logs  # noqa: E402
 from .logs import configure_logging, mask_url  # noqa: E402
 
 SNIPPET_CHARS = 100
@@ -51,12 +52,15 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("query")
     search.add_argument("-k", type=int, default=5, help="how many neighbours (default 5)")
     search.add_argument("--database-url", default=os.environ.get(DATABASE_URL_ENV))
+    job_logs.add_command(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _quiet_third_party_notices()
+    if args.command == job_logs.COMMAND:
+        return job_logs.run(args)
     try:
         config = JobConfig.from_file(args.manifest)
     except (SpecError, OSError) as exc:
