@@ -20,9 +20,10 @@ from typing import Any
 
 from embedjob.api import ApiModel, RunCounters
 from embedjob.api_status import Condition, EmbeddingJobStatus, JobState, Progress
-from embedjob.contract import EXIT_REASONS
+from embedjob.contract import EXIT_REASONS, LOGS_HINT
 
 from .acceptance import ACCEPTED, Verdict
+from .rayjob import LABEL_JOB_NAME
 from .run_reader import RunRow
 from .waiting import STUCK_REASONS, Waiting
 
@@ -125,6 +126,16 @@ def failure(rayjob_status: dict[str, Any], run: RunRow | None) -> tuple[str, str
     return "RayJobFailed", message or f"RayJob {rayjob_status.get('jobDeploymentStatus', '')}".strip()
 
 
+def _with_logs_hint(message: str, rayjob: dict[str, Any]) -> str:
+    """A failed job's message, ending with where its driver's log is (whole, however long the message)."""
+    meta = rayjob.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(LABEL_JOB_NAME)
+    if not name:
+        return message
+    hint = LOGS_HINT.format(name=name, namespace=meta.get("namespace", "default"))
+    return f"{_short(message, MAX_MESSAGE - len(hint) - 2)}; {hint}" if message else hint
+
+
 def _running_message(obs: Observation) -> str:
     if obs.progress_error:
         return _short(f"progress unavailable: {obs.progress_error}")
@@ -185,7 +196,8 @@ def phase(current: dict[str, Any], obs: Observation) -> Phase:
     if deployment in ("Complete", "Failed"):
         if deployment == "Complete" and job_status == "SUCCEEDED" and not (obs.run and obs.run.state == "failed"):
             return _succeeded(obs.run)
-        return Phase(JobState.failed.value, *failure(status, obs.run))
+        reason, message = failure(status, obs.run)
+        return Phase(JobState.failed.value, reason, _with_logs_hint(message, obs.rayjob))
     if deployment in ("Suspending", "Suspended") or (obs.suspend and deployment in ("", "New")):
         return Phase(JobState.suspended.value, deployment or "Suspended", "spec.suspend is true")
     if deployment == "Running":

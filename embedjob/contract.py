@@ -70,6 +70,11 @@ def encode_job_config(manifest: dict[str, Any]) -> str:
     return base64.b64encode(payload.encode()).decode("ascii")
 
 
+# Where a failed job's condition message sends its reader (`embedjob logs`, the operator's
+# Failed message); the same words as docs/troubleshooting.md.
+LOGS_HINT = "the driver's log: `embedjob logs {name} -n {namespace}` (docs/troubleshooting.md)"
+
+
 def decode_job_config(encoded: str) -> dict[str, Any]:
     """Inverse of `encode_job_config`; raises SpecError for anything that is not a job config."""
     try:

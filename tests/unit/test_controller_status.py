@@ -225,3 +225,13 @@ def test_status_patch_removes_what_is_gone():
 def test_progress_summary_without_a_total():
     assert status.progress_of(run(total=None, done=7, failed=2))["summary"] == "7 batches, 2 failed"
     assert "batchesTotal" not in status.progress_of(run(total=None))
+
+
+def test_failed_message_says_where_the_drivers_log_is():
+    rj = rayjob("Complete", "FAILED", message="Job entrypoint command failed with exit code 1 " + "x" * 2000)
+    rj["metadata"].update(namespace="team-a", labels={"embedjob.dev/job-name": "pep"})
+    st = status.desired_status({}, observe(verdict=ACCEPTED, rj=rj))
+    failed = next(c for c in st["conditions"] if c["type"] == "Failed")
+    assert failed["message"].startswith("Job entrypoint command failed with exit code 1")
+    assert failed["message"].endswith("; the driver's log: `embedjob logs pep -n team-a` (docs/troubleshooting.md)")
+    assert len(failed["message"]) <= status.MAX_MESSAGE

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from embedjob_worker.job_logs import LOGS_HINT, DashboardLogs, LogsUnavailable, SubmitterLogs, locate
+from embedjob.contract import LOGS_HINT
+from embedjob_worker.job_logs import DashboardLogs, LogsUnavailable, SubmitterLogs, locate
 from support.cli import EMBEDJOB, run
 
 NS = "team-a"

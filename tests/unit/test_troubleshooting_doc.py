@@ -7,7 +7,7 @@ import re
 
 from embedjob import api
 from embedjob.contract import EXIT_REASONS, ExitCode
-from embedjob_worker.job_logs import LOGS_HINT
+from embedjob.contract import LOGS_HINT
 from support.paths import REPO
 
 DOC = REPO / "docs" / "troubleshooting.md"

@@ -26,9 +26,6 @@ from embedjob import api
 from embedjob.contract import ExitCode
 
 COMMAND = "logs"
-# Where a failed job's condition message should send its reader (controller/status.py
-# builds that message); the same words as docs/troubleshooting.md.
-LOGS_HINT = "the driver's log: `embedjob logs {name} -n {namespace}` (docs/troubleshooting.md)"
 # KubeRay's submitter Job is named like the RayJob; the Job controller labels its pods.
 SUBMITTER_JOB_LABEL = "batch.kubernetes.io/job-name"
 SUBMITTER_CONTAINER = "ray-job-submitter"
