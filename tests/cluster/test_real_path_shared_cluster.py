@@ -47,7 +47,8 @@ def shared_raycluster(namespace: str, operator_env: dict[str, str]) -> dict:
     and sink (token auth; the database URL from the sink's Secret in head and worker), unlabelled."""
     spec = merged(MINIMAL_SPEC, {"model": MODEL, "workers": WORKERS})
     template = {"metadata": {"name": "template", "namespace": namespace, "uid": str(uuid.uuid4())}, "spec": spec}
-    cluster_spec = build_rayjob(template, api.parse_spec(spec), Settings.from_env(operator_env))["spec"]["rayClusterSpec"]
+    rayjob = build_rayjob(template, api.parse_spec(spec), Settings.from_env(operator_env))
+    cluster_spec = rayjob["spec"]["rayClusterSpec"]
     for group in (cluster_spec["headGroupSpec"], *cluster_spec["workerGroupSpecs"]):
         group["template"].pop("metadata", None)
     return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": CLUSTER, "namespace": namespace},
