@@ -202,8 +202,17 @@ def phase(current: dict[str, Any], obs: Observation) -> Phase:
         return Phase(JobState.suspended.value, deployment or "Suspended", "spec.suspend is true")
     if deployment == "Running":
         return Phase(JobState.running.value, "JobRunning", _running_message(obs))
-    if deployment == "Retrying":
-        return Phase(JobState.pending.value, "Retrying", _short(status.get("message")) or "KubeRay retries the job")
+    failed_attempts = status.get("failed") or 0
+    if deployment == "Retrying" or (failed_attempts and deployment in ("", "New", "Initializing", "Waiting")):
+        # KubeRay's Retrying lasts one reconcile (it deletes the cluster and starts over from New):
+        # the failed count says that a new attempt is starting, until it runs.
+        backoff = (obs.rayjob.get("spec") or {}).get("backoffLimit")
+        of = f" of {backoff + 1}" if isinstance(backoff, int) else ""
+        attempt = f"attempt {failed_attempts + 1}{of}, after {failed_attempts} failed"
+        if obs.waiting is not None and obs.waiting.reason in STUCK_REASONS:
+            return Phase(JobState.pending.value, obs.waiting.reason, f"{attempt}: {obs.waiting.message}")
+        why = obs.waiting.message if obs.waiting is not None else "waiting for its new RayCluster"
+        return Phase(JobState.pending.value, "Retrying", f"{attempt}: {why}")
     if obs.waiting is not None:
         return Phase(JobState.pending.value, obs.waiting.reason, obs.waiting.message)
     return Phase(JobState.pending.value, "Initializing", "waiting for the RayCluster and the job submission")
@@ -248,6 +257,7 @@ MIRRORED = {
     "ray_job_reason": "reason",
     "ray_job_message": "message",
     "dashboard_url": "dashboardURL",
+    "failed_attempts": "failed",
 }
 
 

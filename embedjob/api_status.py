@@ -75,6 +75,9 @@ class EmbeddingJobStatus(ApiModel):
     ray_job_message: str | None = Field(None, max_length=32768, description="Mirrored RayJob status.message.")
     dashboard_url: str | None = Field(None, alias="dashboardURL", description="Mirrored RayJob "
                                       "status.dashboardURL: the Ray dashboard of the job's cluster (host:port).")
+    failed_attempts: int | None = Field(None, ge=0, description="Mirrored RayJob status.failed: attempts "
+                                        "of the job that failed; KubeRay retries on a new RayCluster while "
+                                        "this is at most spec.retry.backoffLimit.")
     progress: Progress | None = None  # described by Progress's docstring
     start_time: str | None = Field(None, json_schema_extra={"format": "date-time"},
                                    description="When the job started running.")

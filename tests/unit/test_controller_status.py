@@ -235,3 +235,20 @@ def test_failed_message_says_where_the_drivers_log_is():
     assert failed["message"].startswith("Job entrypoint command failed with exit code 1")
     assert failed["message"].endswith("; the driver's log: `embedjob logs pep -n team-a` (docs/troubleshooting.md)")
     assert len(failed["message"]) <= status.MAX_MESSAGE
+
+
+@pytest.mark.parametrize("deployment", ["Retrying", "New", "Initializing"])
+def test_a_new_attempt_after_a_failed_one_shows_as_retrying(deployment):
+    """KubeRay's Retrying lasts one reconcile; its failed count tells the next attempt's start apart
+    from the first attempt's."""
+    rj = rayjob(deployment, failed=1)
+    rj["spec"]["backoffLimit"] = 2
+    st = status.desired_status({}, observe(verdict=ACCEPTED, rj=rj))
+    assert (st["state"], st["reason"], st["failedAttempts"]) == ("Pending", "Retrying", 1)
+    running = next(c for c in st["conditions"] if c["type"] == "Running")
+    assert running["message"] == "attempt 2 of 3, after 1 failed: waiting for its new RayCluster"
+
+
+def test_a_first_attempt_has_no_failed_count():
+    st = status.desired_status({}, observe(verdict=ACCEPTED, rj=rayjob("Initializing")))
+    assert st["reason"] == "Initializing" and "failedAttempts" not in st
