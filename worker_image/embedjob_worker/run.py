@@ -121,11 +121,12 @@ class JobRun:
         shared_pool = pool_name(resolved, spec.workers.cpus_per_actor, spec.workers.gpus_per_actor) if cluster else None
         failure: JobFailed | None = None
         with ExitStack() as cleanup:  # on the way out: the writer drains, the actors go, the lease is released
+            lease = None
             if shared_pool:
                 # Leased before any actor is touched, so the operator never removes the pool under us.
-                cleanup.callback(PoolLease.acquire(self.sink.engine, shared_pool, cluster, self.config,
-                                                   spec.workers.replicas).release)
-            actors = ActorSet(self.config, resolved, self.options.fault_injection, shared_pool)
+                lease = PoolLease.acquire(self.sink.engine, shared_pool, cluster, self.config, spec.workers.replicas)
+                cleanup.callback(lease.release)
+            actors = ActorSet(self.config, resolved, self.options.fault_injection, lease)
             cleanup.callback(actors.shutdown)
             writer = SinkWriter(self.sink, run_id, self.tally, spec.retry.attempts_per_batch)
             cleanup.callback(writer.close)
