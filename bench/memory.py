@@ -1,12 +1,20 @@
-"""Peak RSS of the driver's data path (reader, checks, batcher) as the input grows.
+"""Peak RSS of the driver as the input grows: its data path alone, or the whole driver.
 
-Streams generated JSONL inputs of each size through `embedjob_worker.feed.batches_to_embed`
+Default: streams generated JSONL inputs of each size through `embedjob_worker.feed.batches_to_embed`
 (the same reader, record checks, duplicate-id claims in PostgreSQL and length-sorted
 batcher the driver runs; no model, no Ray: the batches are dropped) in a fresh process per measurement, and reports
-that process's peak RSS. Sizes alternate in each round (bench/rounds.py). Memory is flat
-when the largest input's peak is within 10% of the smallest's.
+that process's peak RSS.
 
-    python bench/memory.py [--sizes 1000000 5000000] [--rounds 3] [--workdir DIR]
+`--full-driver`: runs the real driver (`embedjob_worker.driver`, in a fresh process per
+measurement) on a local Ray cluster and an embedded PostgreSQL, every batch embedded by
+a tiny random-weight BERT (bench/tiny_model.py: MiniLM's tokenizer, one layer, built at
+bench time) and written as the driver writes; the figure is the driver process's peak RSS
+(the actors and PostgreSQL run in processes of their own).
+
+Sizes alternate in each round (bench/rounds.py). Memory is flat when the largest
+input's peak is within 10% of the smallest's.
+
+    python bench/memory.py [--sizes 1000000 5000000] [--rounds 3] [--workdir DIR] [--full-driver]
 
 Generated records: ~250 characters of text (the PEP corpus' mean), 1% bad records
 (null text), ids unique except 0.1% repeats far apart.
@@ -16,12 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from embedjob.contract import DATABASE_URL_ENV
 from rounds import report, run_rounds
 
 WORDS = ("embedding vector batch actor driver record token model index cluster python "
@@ -75,15 +85,72 @@ def measure(path: Path) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mb"]
 
 
+def drive(config: str, ray_address: str) -> None:
+    """Run in a child process: the driver's own entrypoint on `config`; print its exit code and peak RSS in MB."""
+    from embedjob_worker.driver import main
+
+    code = main(["--config", config, "--ray-address", ray_address])
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"exit_code": code, "peak_rss_mb": peak_mb}))
+
+
+class FullDriver:
+    """A local Ray cluster, an embedded PostgreSQL and the tiny model, for driver runs; each run a new job."""
+
+    def __init__(self, tmp: Path):
+        import pgserver
+        import ray
+
+        from tiny_model import build_tiny_model
+
+        self.tmp, self.runs = tmp, 0
+        self.model = build_tiny_model(tmp / "tiny-model")
+        self.postgres = pgserver.get_server(tmp / "pgdata", cleanup_mode="delete")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        self.ray_address = ray.get_runtime_context().gcs_address
+
+    def close(self) -> None:
+        import ray
+
+        ray.shutdown()
+        self.postgres.cleanup()
+
+    def measure(self, path: Path) -> float:
+        self.runs += 1
+        name = f"memory-{self.runs}"  # a job of its own: a new run, never a resumed one
+        manifest = {"apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob",
+                    "metadata": {"name": name, "namespace": "bench"},
+                    "spec": {"source": {"uri": str(path)}, "model": {"name": "tiny-bert", "path": str(self.model)},
+                             "batching": {"batchSize": 256, "maxInFlight": 4},
+                             "workers": {"replicas": 1, "cpusPerActor": 1},
+                             "sink": {"databaseSecretRef": {"name": "db"}, "collection": name}}}
+        config = self.tmp / f"{name}.json"
+        config.write_text(json.dumps(manifest))
+        env = {**os.environ, DATABASE_URL_ENV: self.postgres.get_uri(), "HF_HUB_OFFLINE": "1"}
+        with (self.tmp / f"{name}.log").open("w") as log:
+            out = subprocess.run([sys.executable, __file__, "--drive", str(config), self.ray_address], check=True,
+                                 env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        if result["exit_code"] != 0:
+            raise RuntimeError(f"the driver exited {result['exit_code']}; see {self.tmp / f'{name}.log'}")
+        return result["peak_rss_mb"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 5_000_000])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workdir", type=Path, help="where the generated inputs go (default: a temp dir)")
+    parser.add_argument("--full-driver", action="store_true",
+                        help="measure the whole driver (Ray, the tiny model, PostgreSQL), not its data path alone")
     parser.add_argument("--stream", help=argparse.SUPPRESS)
+    parser.add_argument("--drive", nargs=2, metavar=("CONFIG", "RAY_ADDRESS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stream:
         stream(args.stream)
+        return
+    if args.drive:
+        drive(*args.drive)
         return
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         inputs = {}
@@ -91,9 +158,15 @@ def main() -> None:
             inputs[size] = Path(tmp) / f"input-{size}.jsonl"
             print(f"generating {size:,} records ...", file=sys.stderr, flush=True)
             generate(inputs[size], size)
-        results = run_rounds({f"{size:,} records": (lambda p=path: measure(p)) for size, path in inputs.items()},
-                             rounds=args.rounds)
-    print(report(results, unit="peak RSS (MB)"))
+        full = FullDriver(Path(tmp)) if args.full_driver else None
+        try:
+            measured = full.measure if full else measure
+            results = run_rounds({f"{size:,} records": (lambda p=path: measured(p)) for size, path in inputs.items()},
+                                 rounds=args.rounds)
+        finally:
+            if full:
+                full.close()
+    print(report(results, unit="driver peak RSS (MB)" if args.full_driver else "peak RSS (MB)"))
     smallest, largest = (f"{size:,} records" for size in (min(args.sizes), max(args.sizes)))
     growth = results[largest].median / results[smallest].median - 1
     print(f"\npeak RSS at {largest} vs {smallest}: {growth:+.1%} (target: within 10%)")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Mapping
 
-from embedjob.contract import DATABASE_URL_ENV
+from embedjob.contract import DATABASE_URL_ENV, POOL_LEASE_EXPIRY_SECONDS
 
 
 class SettingsError(ValueError):
@@ -85,5 +85,5 @@ class Settings:
             pool_idle_seconds=number("EMBEDJOB_POOL_IDLE_SECONDS", 600.0, 0),
             pool_sweep_seconds=number("EMBEDJOB_POOL_SWEEP_SECONDS", 60.0, 0.1),
             # Drivers heartbeat every 5 s; a minute of silence is a dead driver, not a slow one.
-            pool_lease_expiry_seconds=number("EMBEDJOB_POOL_LEASE_EXPIRY_SECONDS", 60.0, 1),
+            pool_lease_expiry_seconds=number("EMBEDJOB_POOL_LEASE_EXPIRY_SECONDS", POOL_LEASE_EXPIRY_SECONDS, 1),
         )

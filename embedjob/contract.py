@@ -43,6 +43,11 @@ class ExitCode(IntEnum):
     DATABASE_UNREACHABLE = 4
 
 
+# A pool lease whose heartbeat is older than this is not live: the operator's default
+# (EMBEDJOB_POOL_LEASE_EXPIRY_SECONDS), and how long a driver goes on without getting a
+# heartbeat through before it counts its lease lost (embedjob_worker.lease).
+POOL_LEASE_EXPIRY_SECONDS = 60.0
+
 # The status reason for an exit code that leaves no run row to read the reason from.
 EXIT_REASONS = {
     ExitCode.INVALID_CONFIG: "InvalidSpec",

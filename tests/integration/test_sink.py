@@ -141,7 +141,7 @@ def test_a_connection_dropped_mid_write_is_retried_and_writes_each_row_once(data
                              "FOR EACH ROW EXECUTE FUNCTION drop_connection_once()"))
     engine.dispose()
 
-    writer = SinkWriter(sink, run.run_id, RunTally(), attempts=3)
+    writer = SinkWriter(sink, run.run_id, RunTally())
     writer.put_outcome(outcome("b1", {"a": "alpha", "b": "beta"}))
     writer.close()
     sink.close()

@@ -89,6 +89,7 @@ class Dispatcher:
         while True:
             if (write_failure := writer.failure()) is not None:
                 raise write_failure
+            self.actors.check_lease()  # a lost pool lease stops the job (LeaseLost; embedjob_worker.lease)
             while self.failure is None and len(self._in_flight) + writer.uncommitted < max_in_flight:
                 if self._retries and self._retries[0][0] <= time.monotonic():
                     self._submit(heapq.heappop(self._retries)[2])

@@ -21,7 +21,7 @@ from embedjob.api import RunCounters
 from .batching import batch_key
 from .config import JobConfig, config_fingerprint, run_identity
 from .dispatch import Dispatcher
-from .errors import DB_ERRORS, JobFailed, Unreachable, too_many_failed_batches
+from .errors import DB_ERRORS, JobFailed, Unreachable, retry_database, too_many_failed_batches
 from .feed import batches_to_embed
 from .lease import PoolLease
 from .logs import log_event
@@ -121,13 +121,14 @@ class JobRun:
         shared_pool = pool_name(resolved, spec.workers.cpus_per_actor, spec.workers.gpus_per_actor) if cluster else None
         failure: JobFailed | None = None
         with ExitStack() as cleanup:  # on the way out: the writer drains, the actors go, the lease is released
+            lease = None
             if shared_pool:
                 # Leased before any actor is touched, so the operator never removes the pool under us.
-                cleanup.callback(PoolLease.acquire(self.sink.engine, shared_pool, cluster, self.config,
-                                                   spec.workers.replicas).release)
-            actors = ActorSet(self.config, resolved, self.options.fault_injection, shared_pool)
+                lease = PoolLease.acquire(self.sink.engine, shared_pool, cluster, self.config, spec.workers.replicas)
+                cleanup.callback(lease.release)
+            actors = ActorSet(self.config, resolved, self.options.fault_injection, lease)
             cleanup.callback(actors.shutdown)
-            writer = SinkWriter(self.sink, run_id, self.tally, spec.retry.attempts_per_batch)
+            writer = SinkWriter(self.sink, run_id, self.tally)
             cleanup.callback(writer.close)
             try:
                 dispatcher = self._dispatcher(actors, resolved, len(done_before))
@@ -182,7 +183,8 @@ class JobRun:
         self.summary.error = str(failure) if failure else None
         self.summary.elapsed_seconds = time.monotonic() - self.started
         try:
-            self.sink.finish_run(run_id, state, self.summary.reason, self.summary.error, counters.model_dump())
+            retry_database(lambda: self.sink.finish_run(run_id, state, self.summary.reason, self.summary.error,
+                                                        counters.model_dump()), "finish_run")
         except DB_ERRORS as exc:
             raise Unreachable(f"cannot record the run's end in the database: {exc}") from None
         log_event(log, "run_finished", logging.ERROR if failure else logging.INFO, run=run_id, state=state,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from .errors import retry_database
+
 # Each claimed id is stored with the lowest position it was seen at; a claim is the first
 # occurrence when that lowest position is its own. The same input read again (a resumed
 # run) therefore gets the same answers.
@@ -27,6 +29,10 @@ class SeenIds:
         if not claims:
             return set()
         ids, positions = zip(*claims)
-        with self.engine.begin() as conn:
-            stored = conn.execute(_CLAIM_SQL, {"run_id": self.run_id, "ids": list(ids), "positions": list(positions)})
-            return {position for (position,) in stored}
+        params = {"run_id": self.run_id, "ids": list(ids), "positions": list(positions)}
+
+        def claim() -> set[int]:  # a claim repeated after a lost connection returns the same positions
+            with self.engine.begin() as conn:
+                return {position for (position,) in conn.execute(_CLAIM_SQL, params)}
+
+        return retry_database(claim, "claim_ids")

@@ -10,6 +10,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from .actors import EmbeddingWorker
 from .config import JobConfig
 from .errors import JobFailed
+from .lease import PoolLease
 from .model import ResolvedModel
 from .pools import POOL_NAMESPACE, pool_actor_name
 
@@ -29,21 +30,23 @@ def check_model(reported: dict, resolved: ResolvedModel) -> None:
 class ActorSet:
     """`replicas` EmbeddingWorker actors, one per slot; a dead one is replaced by a fresh one in its slot.
 
-    With `shared_pool` (a job on an existing cluster) the actors are the detached pool's
+    With a pool `lease` (a job on an existing cluster) the actors are the detached pool's
     `<pool>-<slot>`, got if they exist (another job's, model loaded) or created; they
-    outlive this job and are removed by the operator once no job leases the pool.
+    outlive this job and are removed by the operator once no job leases the pool. A
+    replacement is created only after the lease is confirmed (LeaseLost otherwise).
     Without, they are this job's own and are killed at its end.
     """
 
     def __init__(self, config: JobConfig, resolved: ResolvedModel, fault_injection: dict | None,
-                 shared_pool: str | None = None):
+                 lease: PoolLease | None = None):
         workers = config.spec.workers
         self._actor_class = ray.remote(EmbeddingWorker)
-        self.shared_pool = shared_pool
+        self.lease = lease
+        self.shared_pool = lease.pool if lease else None
         # Retries are the driver's (bounded, recorded); Ray must not silently restart or re-run.
         self._actor_options = dict(num_cpus=workers.cpus_per_actor, num_gpus=workers.gpus_per_actor,
                                    max_restarts=0, max_task_retries=0)
-        if shared_pool:
+        if self.shared_pool:
             # get_if_exists: jobs starting together end up with the same actors, not a name clash.
             self._actor_options.update(lifetime="detached", namespace=POOL_NAMESPACE, get_if_exists=True)
         self._args = (resolved, workers.cpus_per_actor, workers.gpus_per_actor, fault_injection)
@@ -74,8 +77,15 @@ class ActorSet:
     def least_loaded(self) -> int:
         return min(range(len(self.actors)), key=self.outstanding.__getitem__)
 
+    def check_lease(self) -> None:
+        """LeaseLost once the pool's lease is lost; nothing for a job's own actors."""
+        if self.lease:
+            self.lease.check()
+
     def replace(self, slot: int, dead_actor) -> None:
         if self.actors[slot] is dead_actor:  # not yet replaced by another failed task of the same actor
+            if self.lease:  # a pool actor no lease covers would never be removed
+                self.lease.confirm()
             self.generations[slot] += 1
             self.actors[slot] = self._start(slot)
 

@@ -2,25 +2,21 @@
 
 Keeps PostgreSQL round trips off the driver loop; batches queued here count against
 maxInFlight, so a crash still loses at most maxInFlight batches. With nothing to write
-it still writes the run's counters every HEARTBEAT_S, which is the run's heartbeat.
+it still writes the run's counters every HEARTBEAT_S, which is the run's heartbeat. A
+write that fails on a lost connection is retried (errors.retry_database), so a database
+restart or failover shorter than DATABASE_OUTAGE_S costs the job nothing.
 """
 
 from __future__ import annotations
 
-import itertools
-import logging
 import queue
 import threading
-import time
 from dataclasses import dataclass
 
-from .errors import DB_ERRORS, JobFailed, backoff_seconds
-from .logs import log_event
+from .errors import DB_ERRORS, JobFailed, retry_database
 from .records import BadRecord
 from .sink import HEARTBEAT_S, AttemptRow, BatchOutcome, PostgresSink, now
 from .tally import RunTally
-
-log = logging.getLogger("embedjob_worker.writer")
 
 # Finished batches written per transaction at most; more waiting means the sink is behind.
 _MAX_GROUP_BATCHES = 64
@@ -40,8 +36,8 @@ class _Stop:
 
 
 class SinkWriter:
-    def __init__(self, sink: PostgresSink, run_id: str, tally: RunTally, attempts: int):
-        self.sink, self.run_id, self.tally, self.attempts = sink, run_id, tally, attempts
+    def __init__(self, sink: PostgresSink, run_id: str, tally: RunTally):
+        self.sink, self.run_id, self.tally = sink, run_id, tally
         self.error: BaseException | None = None
         self._queue: queue.Queue[BatchOutcome | _BadRecords | _Stop] = queue.Queue()
         self._uncommitted = 0
@@ -127,17 +123,12 @@ class SinkWriter:
         return items
 
     def _write(self, outcomes: list[BatchOutcome], bad_records: list[BadRecord]) -> None:
-        for attempt in itertools.count(1):
-            try:
-                self.sink.write(self.run_id, outcomes, bad_records, self.tally.counters(outcomes).model_dump())
-                self.tally.commit(outcomes)
-                return
-            except DB_ERRORS as exc:
-                if attempt >= self.attempts:
-                    raise
-                log_event(log, "sink_write_retry", logging.WARNING, attempt=attempt, error=str(exc)[:300])
-                for outcome in outcomes:  # recorded with the batch once the write gets through
-                    final = outcome.attempts[-1]
-                    outcome.attempts.insert(-1, AttemptRow(final.attempt, None, "retry",
-                                                           f"DatabaseWriteFailed: {exc}"[:2000], now()))
-                time.sleep(backoff_seconds(attempt))
+        def note_retry(exc: Exception) -> None:  # recorded with the batch once the write gets through
+            for outcome in outcomes:
+                final = outcome.attempts[-1]
+                outcome.attempts.insert(-1, AttemptRow(final.attempt, None, "retry", f"DatabaseWriteFailed: {exc}"[:2000],
+                                                       now()))
+
+        retry_database(lambda: self.sink.write(self.run_id, outcomes, bad_records,
+                                               self.tally.counters(outcomes).model_dump()), "sink_write", note_retry)
+        self.tally.commit(outcomes)
