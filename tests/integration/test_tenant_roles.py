@@ -12,7 +12,10 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from controller.run_reader import RunReader
 from embedjob import db, tenants
+from embedjob_worker.config import JobConfig
+from embedjob_worker.run import run_job
 from embedjob_worker.sink import PostgresSink, content_salt
+from support.driver_jobs import corpus_lines, manifest, write_input
 from support.tenant_roles import Tenant, as_role, create_role, tenant
 
 RLS_REFUSED = "new row violates row-level security policy"
@@ -217,7 +220,7 @@ def test_the_admin_command_names_what_it_refuses(database_url, capsys, monkeypat
     assert f"role {role} may use the rows of namespace(s) team-a and no others" in capsys.readouterr().out
 
 
-def test_a_tenant_migrates_nothing_at_head_and_says_why_it_cannot_migrate(database_url, tenant_a):
+def test_a_tenant_migrates_nothing_at_head_and_says_why_it_cannot_migrate(database_url, tenant_a, tmp_path):
     db.migrate(tenant_a.url)  # at head: no DDL, which the role may not run
     cfg = Config()
     cfg.set_main_option("script_location", str(db.MIGRATIONS_DIR))
@@ -229,5 +232,10 @@ def test_a_tenant_migrates_nothing_at_head_and_says_why_it_cannot_migrate(databa
     with pytest.raises(db.SchemaBehind, match=rf"at revision 0004, this driver needs 0005, and role {tenant_a.role} "
                                               r"may not migrate it: run `python -m embedjob.tenants migrate`"):
         db.migrate(tenant_a.url)
+    # the driver under that role refuses the job with the same words, writing nothing
+    job = JobConfig.from_manifest(manifest(write_input(tmp_path / "in.jsonl", corpus_lines(0, 5)), "behind"))
+    summary = run_job(job, tenant_a.url)
+    assert (summary.state, summary.reason, summary.run_id) == ("failed", "SchemaBehind", None)
+    assert "run `python -m embedjob.tenants migrate`" in summary.error
     assert tenants.main(["--database-url", database_url, "migrate"]) == 0
     db.migrate(tenant_a.url)

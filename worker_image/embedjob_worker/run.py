@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from embedjob.api import RunCounters
+from embedjob.db import SchemaBehind
 
 from .batching import batch_key
 from .config import JobConfig, config_fingerprint, run_identity
@@ -73,6 +74,8 @@ class JobRun:
             self.sink.migrate()
         except sa.exc.OperationalError as exc:
             raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
+        except SchemaBehind as exc:  # a namespace role may not migrate: an admin must (docs/install.md)
+            return self._refused(JobFailed("SchemaBehind", str(exc)))
         try:
             self.sink.lock_job(self.options.job_lock_wait_s)
             resolved, uri, input_fp = self._resolve_inputs()
@@ -81,9 +84,7 @@ class JobRun:
             start = self.sink.start_run(self.config.name, self.config.namespace, resolved.name, resolved.revision,
                                         input_fp, config_fp, self.options.new_run, identity)
         except JobFailed as failure:
-            log_event(log, "job_refused", logging.ERROR, reason=failure.reason, error=str(failure))
-            self.summary.state, self.summary.reason, self.summary.error = "failed", failure.reason, str(failure)
-            return self.summary
+            return self._refused(failure)
         self.summary.run_id = start.run_id
         log_event(log, "run_started", job=self.config.job_key, run=start.run_id, resumed=start.resumed,
                   model=resolved.name, revision=resolved.revision, source=uri)
@@ -95,6 +96,12 @@ class JobRun:
             log.exception("unforeseen error in run %s", start.run_id)
             failure = JobFailed("InternalError", f"{type(exc).__name__}: {exc}"[:4000])
         self._finish(start.run_id, failure)
+        return self.summary
+
+    def _refused(self, failure: JobFailed) -> RunSummary:
+        """The job cannot start a run: no run row is written, the summary says why."""
+        log_event(log, "job_refused", logging.ERROR, reason=failure.reason, error=str(failure))
+        self.summary.state, self.summary.reason, self.summary.error = "failed", failure.reason, str(failure)
         return self.summary
 
     def _resolve_inputs(self) -> tuple[ResolvedModel, str, str]:
