@@ -1,6 +1,7 @@
 """The RayJob entrypoint (embedjob.contract.DRIVER_MODULE): arguments, connecting to Ray, exit codes.
 
-    python -m embedjob_worker.driver --config-b64 <base64 JSON> [--ray-address ADDR] [--metrics-port N]
+    python -m embedjob_worker.driver --config-b64 <base64 JSON> [--ray-address ADDR] [--ray-connect-timeout S]
+                                     [--metrics-port N] [--new-run]
 
 connects only to the given Ray cluster (never starts one), reads the database URL from
 EMBEDJOB_DATABASE_URL and runs the job (embedjob_worker.run). Exit codes: 0 succeeded,
@@ -16,6 +17,8 @@ import logging
 import os
 import socket
 import sys
+import threading
+import time
 
 import ray
 
@@ -29,6 +32,8 @@ from .metrics import DriverMetrics
 from .run import DriverOptions, run_job
 
 log = logging.getLogger("embedjob_worker.driver")
+# How long connecting to the Ray cluster may take before the driver gives up (exit 3).
+RAY_CONNECT_TIMEOUT_S = 60.0
 
 
 def fault_injection_from_env() -> dict | None:
@@ -41,21 +46,44 @@ def unreachable_exit_code(exc: Unreachable) -> int:
     return ExitCode.RAY_UNREACHABLE if isinstance(exc, RayUnreachable) else ExitCode.DATABASE_UNREACHABLE
 
 
-def connect_ray(address: str, timeout_s: float = 10.0) -> None:
-    """Connect to an existing Ray cluster only; fail fast instead of starting a local one."""
+def connect_ray(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Connect to an existing Ray cluster only, within `timeout_s`; never start a local one.
+
+    The TCP check finds an address nobody listens on. A GCS that accepts and never answers,
+    or one that names a head node this pod cannot reach, keeps ray.init retrying for
+    minutes, and it cannot be interrupted from here: a watchdog ends the process with
+    exit 3 (RayUnavailable) once the deadline passes. Nothing has been started by then.
+    """
+    started = time.monotonic()
     if address != "auto":
         host_port = address.split("://", 1)[-1].rstrip("/")
         host, _, port = host_port.rpartition(":")
         try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=min(timeout_s, 10.0)).close()
         except (OSError, ValueError) as exc:
             raise RayUnreachable(f"cannot reach the Ray cluster at {address}: {exc}") from None
+    watchdog = threading.Timer(max(0.0, timeout_s - (time.monotonic() - started)), _connect_timed_out,
+                               (address, timeout_s))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         ray.init(address=address, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         # A cluster with token authentication refuses a missing or wrong RAY_AUTH_TOKEN the same way.
         raise RayUnreachable(f"cannot connect to the Ray cluster at {address} (token authentication: is "
                              f"RAY_AUTH_TOKEN the cluster's?): {exc}") from None
+    finally:
+        watchdog.cancel()
+
+
+def _connect_timed_out(address: str, timeout_s: float) -> None:
+    message = (f"cannot connect to the Ray cluster at {address}: no connection after {timeout_s:.0f}s "
+               "(the address answers TCP but no Ray GCS answered, or the head node it names is unreachable "
+               "from here)")
+    log_event(log, "unreachable", logging.ERROR, error=message)
+    print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(ExitCode.RAY_UNREACHABLE)  # ray.init still holds the main thread
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -65,6 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     config.add_argument(CONFIG_FLAG, help="base64 of the job config JSON (embedjob.contract.encode_job_config)")
     config.add_argument("--config", help="the EmbeddingJob manifest as a YAML or JSON file")
     parser.add_argument("--ray-address", help="Ray cluster to connect to (default: $RAY_ADDRESS)")
+    parser.add_argument("--ray-connect-timeout", type=float, default=RAY_CONNECT_TIMEOUT_S, metavar="SECONDS",
+                        help=f"give up connecting to Ray after this long, exit 3 (default {RAY_CONNECT_TIMEOUT_S:.0f})")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     parser.add_argument("--new-run", action="store_true", help="start a new run even if the input changed")
     return parser.parse_args(argv)
@@ -91,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.RAY_UNREACHABLE
     log_event(log, "driver_starting", job=config.job_key, ray_address=address, database=mask_url(database_url))
     try:
-        connect_ray(address)
+        connect_ray(address, args.ray_connect_timeout)
         metrics = DriverMetrics()
         if args.metrics_port:
             metrics.serve(args.metrics_port)

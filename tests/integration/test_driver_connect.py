@@ -1,0 +1,45 @@
+"""The driver's connect to Ray is bounded: an address that accepts TCP but never speaks Ray is exit 3, in time."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+from embedjob.contract import encode_job_config
+from support.cli import DRIVER, manifest, run
+
+
+@pytest.fixture
+def silent_listener():
+    """A loopback address that accepts connections and never answers (a stalled GCS, a wrong port)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(server.accept()[0])
+            except OSError:  # closed at teardown
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+    for conn in accepted:
+        conn.close()
+
+
+def test_a_ray_address_that_never_answers_exits_3_within_the_connect_timeout(silent_listener, tmp_path):
+    ray_tmp = tmp_path / "ray"
+    ray_tmp.mkdir()
+    env = {"EMBEDJOB_DATABASE_URL": "postgresql://u:secret@127.0.0.1:1/db", "RAY_TMPDIR": str(ray_tmp)}
+    config = encode_job_config(manifest("s3://bucket/in.jsonl"))
+    started = time.monotonic()
+    result = run([*DRIVER, "--config-b64", config, "--ray-address", silent_listener, "--ray-connect-timeout", "15"],
+                 env=env, timeout=120)
+    waited = time.monotonic() - started
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert f"cannot connect to the Ray cluster at {silent_listener}: no connection after 15s" in result.stderr
+    assert 15 <= waited < 45, waited
+    assert "secret" not in result.stderr + result.stdout
