@@ -34,9 +34,9 @@ def _ts(name: str, **kw) -> sa.Column:
     return sa.Column(name, sa.DateTime(timezone=True), **kw)
 
 
-# One row per driver run over one input snapshot. A job (keyed by the EmbeddingJob's
-# uid, or `local/<namespace>/<name>` for `embedjob run`) normally has one run; a new
-# one is started only when the input changed and the user asked for it.
+# One row per driver run over one input snapshot. A job (keyed by the EmbeddingJob's uid,
+# or `local/<namespace>/<name>/<table>/<collection>` for `embedjob run`) normally has one
+# run; a new one is started only when the input changed and the user asked for it.
 runs = sa.Table(
     "embedjob_runs",
     metadata,
@@ -53,6 +53,9 @@ runs = sa.Table(
     # What config_fingerprint hashes, field by field (spec paths, e.g. "sink.collection"), so
     # a refused re-run names the fields that changed; NULL for runs older than migration 0003.
     sa.Column("identity", postgresql.JSONB),
+    # The input input_fingerprint identifies (uri, size, modified, content: sha256 or the
+    # store's stamp; embedjob_worker.snapshot), for the refusal's message; NULL before 0005.
+    sa.Column("input", postgresql.JSONB),
     sa.Column("state", sa.String(16), nullable=False),  # running | succeeded | failed
     # The run's counters: one column per field of api.RunCounters (tests/test_db.py checks),
     # nullable where the field may be unknown.

@@ -55,7 +55,8 @@ def test_an_unforeseen_exception_ends_the_run_failed_with_its_type(ray_address, 
 
 def test_a_changed_collection_is_refused_by_name_and_written_whole_with_new_run(ray_address, database_url, tmp_path):
     source = write_input(tmp_path / "peps.jsonl", corpus_lines(100, 40))
-    first = manifest(source, "moving", batch_size=16)
+    # A uid (a cluster job): locally another collection is another job (JobConfig.job_key), not a changed one.
+    first = merged(manifest(source, "moving", batch_size=16), {"metadata": {"uid": "moving-uid"}})
     assert run_job(JobConfig.from_manifest(first), database_url).state == "succeeded"
     written = query(database_url, "SELECT count(*) FROM embeddings WHERE collection = 'moving'")[0][0]
     assert written > 30
@@ -67,7 +68,7 @@ def test_a_changed_collection_is_refused_by_name_and_written_whole_with_new_run(
     assert (refused.state, refused.reason) == ("failed", "InputChanged")
     assert "model.normalize changed from True to False" in refused.error
     assert f"sink.collection changed from 'moving' to 'moved' since run {first_run}" in refused.error
-    assert "--new-run" in refused.error and "input changed" not in refused.error
+    assert "Delete and re-create the EmbeddingJob" in refused.error and "input changed" not in refused.error
     assert query(database_url, "SELECT count(*) FROM embeddings WHERE collection = 'moved'")[0][0] == 0
 
     anew = run_job(moved, database_url, DriverOptions(new_run=True))
@@ -108,7 +109,7 @@ def test_a_second_driver_of_a_running_job_refuses_or_waits_and_the_counts_stay_e
 
     refused = run_job(job, database_url, DriverOptions(job_lock_wait_s=1.0))
     assert (refused.state, refused.reason, refused.run_id) == ("failed", "JobAlreadyRunning", None)
-    assert "another driver of job local/tests/twice holds its lock (run " in refused.error
+    assert "another driver of job local/tests/twice/embeddings/twice holds its lock (run " in refused.error
     assert runner.is_alive() and query(database_url, "SELECT count(*), min(state) FROM embedjob_runs")[0] == \
         (1, "running")
 

@@ -2,13 +2,12 @@
 
 import csv
 import json
-import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedjob_worker.records import BadReason, BadRecord, Record, classify_records
-from embedjob_worker.source import count_records, input_fingerprint, read_records, resolve_uri
+from embedjob_worker.source import count_records, read_records, resolve_uri
 
 ROWS = [{"id": "a", "text": "alpha"}, {"id": "b", "text": "beta"}, {"id": 3, "text": "gamma"}]
 
@@ -55,14 +54,3 @@ def test_relative_paths_resolve_against_the_manifest_dir_and_urls_stay(tmp_path)
     assert resolve_uri("data/in.jsonl", tmp_path) == str(tmp_path / "data" / "in.jsonl")
     assert resolve_uri("s3://bucket/in.jsonl", tmp_path) == "s3://bucket/in.jsonl"
     assert resolve_uri("/abs/in.jsonl", tmp_path) == "/abs/in.jsonl"
-
-
-def test_input_fingerprint_changes_with_the_content_stamp(tmp_path):
-    path = tmp_path / "in.jsonl"
-    path.write_text('{"id": "a", "text": "alpha"}\n')
-    before = input_fingerprint(str(path))
-    assert input_fingerprint(str(path)) == before
-    assert input_fingerprint("file://" + str(path)) != before  # the URI is part of the identity
-    path.write_text('{"id": "a", "text": "alphA"}\n')  # same size, new mtime
-    os.utime(path, (1_700_000_000, 1_700_000_000))
-    assert input_fingerprint(str(path)) != before

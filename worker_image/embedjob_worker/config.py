@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from embedjob.api import EmbeddingJobSpec, parse_spec
+from embedjob.db import runs
 from embedjob.manifest import check_envelope, load_manifest
+
+_JOB_KEY_LENGTH = runs.c.job_key.type.length
 
 
 @dataclass(frozen=True)
@@ -23,8 +26,23 @@ class JobConfig:
 
     @property
     def job_key(self) -> str:
-        """The EmbeddingJob's uid in a cluster; `local/<namespace>/<name>` for local runs."""
-        return self.uid or f"local/{self.namespace}/{self.name}"
+        """The EmbeddingJob's uid in a cluster (its spec is immutable once accepted: other settings
+        are another EmbeddingJob, another uid). Locally `local/<namespace>/<name>/<table>/<collection>`:
+        the same manifest name writing somewhere else is another job, not a changed one. A key over
+        the column's length is hashed."""
+        if self.uid:
+            return self.uid
+        key = f"local/{self.namespace}/{self.name}/{self.spec.sink.table}/{self.spec.sink.collection}"
+        return key if len(key) <= _JOB_KEY_LENGTH else "local/sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+    @property
+    def how_to_start_anew(self) -> str:
+        """What the user can do when a re-run is refused because the input or the settings changed."""
+        if self.uid:
+            # Nothing in an EmbeddingJob passes --new-run, and its spec cannot change once accepted.
+            return ("Delete and re-create the EmbeddingJob: a new EmbeddingJob (a new uid) is a new job with "
+                    "a new run; vectors already in the table that did not change are not written again")
+        return "Pass --new-run (embedjob run --new-run, or the driver's --new-run) to start a new run"
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], base_dir: Path | None = None) -> "JobConfig":

@@ -31,7 +31,8 @@ from .model import ResolvedModel, resolve_model
 from .pools import pool_name, shared_cluster
 from .seen_ids import SeenIds
 from .sink import PostgresSink, content_salt
-from .source import input_fingerprint, resolve_uri
+from .snapshot import InputSnapshot, input_snapshot
+from .source import resolve_uri
 from .tally import RunSummary, RunTally
 from .workers import ActorSet, check_model
 from .writer import SinkWriter
@@ -78,18 +79,19 @@ class JobRun:
             return self._refused(JobFailed("SchemaBehind", str(exc)))
         try:
             self.sink.lock_job(self.options.job_lock_wait_s)
-            resolved, uri, input_fp = self._resolve_inputs()
+            resolved, uri, snapshot = self._resolve_inputs()
             identity = run_identity(self.spec, resolved.revision)
             config_fp = config_fingerprint(identity)
             start = self.sink.start_run(self.config.name, self.config.namespace, resolved.name, resolved.revision,
-                                        input_fp, config_fp, self.options.new_run, identity)
+                                        snapshot.fingerprint, config_fp, self.options.new_run, identity,
+                                        snapshot.record(), self.config.how_to_start_anew)
         except JobFailed as failure:
             return self._refused(failure)
         self.summary.run_id = start.run_id
         log_event(log, "run_started", job=self.config.job_key, run=start.run_id, resumed=start.resumed,
                   model=resolved.name, revision=resolved.revision, source=uri)
         try:
-            failure = self._embed(resolved, uri, batch_key(input_fp, config_fp), start.run_id)
+            failure = self._embed(resolved, uri, batch_key(snapshot.fingerprint, config_fp), start.run_id)
         except Unreachable:
             raise
         except Exception as exc:  # noqa: BLE001 - unforeseen: the run still ends failed, with the reason
@@ -104,7 +106,7 @@ class JobRun:
         self.summary.state, self.summary.reason, self.summary.error = "failed", failure.reason, str(failure)
         return self.summary
 
-    def _resolve_inputs(self) -> tuple[ResolvedModel, str, str]:
+    def _resolve_inputs(self) -> tuple[ResolvedModel, str, InputSnapshot]:
         """Model revision and input fingerprint; failing either is recorded as a refused run."""
         uri = resolve_uri(self.spec.source.uri, self.config.base_dir)
         try:
@@ -113,7 +115,7 @@ class JobRun:
             failure = JobFailed("ModelUnavailable", f"spec.model: {exc}")
         else:
             try:
-                return resolved, uri, input_fingerprint(uri)
+                return resolved, uri, input_snapshot(uri)
             except (OSError, ValueError) as exc:
                 failure = JobFailed("SourceUnavailable", f"spec.source.uri {uri}: {type(exc).__name__}: {exc}")
         self.sink.record_refused_start(self.config.name, self.config.namespace, self.spec.model.name,

@@ -27,6 +27,7 @@ from .config import identity_changes
 from .errors import JobFailed
 from .logs import log_event
 from .records import BadRecord, Record
+from .snapshot import describe_input
 
 _STAGING_DDL = (
     "CREATE TEMP TABLE IF NOT EXISTS embedjob_staging"
@@ -164,15 +165,18 @@ class PostgresSink:
                             f"table {self.table} holds vector({existing}) but the model gives {dim} dimensions")
 
     def start_run(self, job_name: str, namespace: str, model: str, revision: str, input_fp: str, config_fp: str,
-                  new_run: bool, identity: dict | None = None) -> RunStart:
-        """Resume the job's run over the same input and config (`identity`, hashed as `config_fp`), or start one;
-        refuse a changed input or config, naming what changed."""
+                  new_run: bool, identity: dict | None = None, input_record: dict | None = None,
+                  how_to_start_anew: str = "Pass --new-run to start a new run") -> RunStart:
+        """Resume the job's run over the same input (`input_record`, fingerprinted as `input_fp`) and config
+        (`identity`, hashed as `config_fp`), or start one; refuse a changed input or config, naming what
+        changed and ending with `how_to_start_anew`."""
         runs = db.runs
         self.model, self.revision = model, revision
         refused = None
         with self.engine.begin() as conn:  # the driver holds the job's lock (lock_job) around this
             latest = conn.execute(
-                sa.select(runs.c.run_id, runs.c.input_fingerprint, runs.c.config_fingerprint, runs.c.identity)
+                sa.select(runs.c.run_id, runs.c.input_fingerprint, runs.c.config_fingerprint, runs.c.identity,
+                          runs.c.input)
                 .where(runs.c.job_key == self.job_key)
                 .where(sa.or_(runs.c.reason.is_(None), runs.c.reason.not_in(REFUSED_START_REASONS)))
                 .order_by(runs.c.started_at.desc()).limit(1)
@@ -182,39 +186,39 @@ class PostgresSink:
                     conn.execute(runs.update().where(runs.c.run_id == latest.run_id).values(
                         state="running", reason=None, error=None, finished_at=None, heartbeat_at=sa.func.now()))
                     return RunStart(latest.run_id, resumed=True)
-                refused = self._refusal(latest, input_fp, config_fp, identity)
+                refused = self._refusal(latest, input_fp, config_fp, identity, input_record, how_to_start_anew)
             run_id = self._insert_run(conn, job_name, namespace, input_fp, config_fp, refused and "InputChanged",
-                                      refused, identity)
+                                      refused, identity, input_record)
         if refused:
             raise JobFailed("InputChanged", refused)
         return RunStart(run_id, resumed=False)
 
     @staticmethod
-    def _refusal(latest: sa.Row, input_fp: str, config_fp: str, identity: dict | None) -> str:
-        """Why a re-run may not resume run `latest`: the input changed, or the named config fields did."""
+    def _refusal(latest: sa.Row, input_fp: str, config_fp: str, identity: dict | None, input_record: dict | None,
+                 how_to_start_anew: str) -> str:
+        """Why a re-run may not resume run `latest`: the input's content changed, or the named config fields did."""
         changes = []
         if latest.input_fingerprint != input_fp:
-            changes.append("the input changed (its URI, size or modification time)")
+            changes.append(f"the input changed from {describe_input(latest.input)} to {describe_input(input_record)}")
         if latest.config_fingerprint != config_fp:
             changes += (identity_changes(latest.identity, identity) if latest.identity and identity else
                         ["the batching/model/sink config changed (the fields are not recorded for that run)"])
         return (f"{'; '.join(changes)} since run {latest.run_id}; its vectors and batches belong to the old "
-                f"settings, so nothing is skipped or mixed. Pass --new-run (embedjob run --new-run, or the "
-                f"driver's --new-run) to start a new run with the new ones")
+                f"input and settings, so nothing is skipped or mixed. {how_to_start_anew}")
 
     def record_refused_start(self, job_name: str, namespace: str, model: str, reason: str, error: str) -> None:
         """A run that could not start (no model, no input): a failed run row that says why."""
         self.model, self.revision = model, ""
         with self.engine.begin() as conn:
-            self._insert_run(conn, job_name, namespace, "", "", reason, error, None)
+            self._insert_run(conn, job_name, namespace, "", "", reason, error, None, None)
 
     def _insert_run(self, conn: sa.Connection, job_name: str, namespace: str, input_fp: str, config_fp: str,
-                    reason: str | None, error: str | None, identity: dict | None) -> str:
+                    reason: str | None, error: str | None, identity: dict | None, input_record: dict | None) -> str:
         run_id = str(uuid.uuid4())
         conn.execute(db.runs.insert().values(
             run_id=run_id, job_key=self.job_key, job_name=job_name, namespace=namespace,
             collection=self.collection, vectors_table=self.table, model=self.model, revision=self.revision,
-            input_fingerprint=input_fp, config_fingerprint=config_fp, identity=identity,
+            input_fingerprint=input_fp, config_fingerprint=config_fp, identity=identity, input=input_record,
             state="failed" if reason else "running",
             reason=reason, error=error, finished_at=sa.func.now() if reason else None))
         return run_id

@@ -11,7 +11,6 @@ record with a reason; the records around it are read as usual.
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import zlib
@@ -60,8 +59,6 @@ def bounded_lines(f: IO, limit: int = MAX_RECORD_BYTES) -> Iterator:
                 break
             size += len(line)
         yield OversizedLine(size)
-# fsspec `info` keys that change when an object's content does (local mtime, S3/GCS etag...).
-_VERSION_KEYS = ("mtime", "LastModified", "last_modified", "ETag", "etag", "md5Hash", "generation", "updated")
 
 
 def resolve_uri(uri: str, base_dir: Path | None) -> str:
@@ -69,15 +66,6 @@ def resolve_uri(uri: str, base_dir: Path | None) -> str:
     if "://" in uri or base_dir is None or Path(uri).is_absolute():
         return uri
     return str((base_dir / uri).resolve())
-
-
-def input_fingerprint(uri: str) -> str:
-    """Identifies the input snapshot: URI, size and the store's version stamp (mtime/etag)."""
-    fs, path = fsspec.core.url_to_fs(uri)
-    info = fs.info(path)
-    stamp = {key: str(info[key]) for key in _VERSION_KEYS if info.get(key) is not None}
-    identity = {"uri": uri, "size": info.get("size"), "version": stamp}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
 def read_records(uri: str, fmt: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
