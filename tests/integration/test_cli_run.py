@@ -1,10 +1,19 @@
 """`embedjob run` then `embedjob search` as subprocesses: local Ray, the packaged model, real PostgreSQL."""
 
+import json
+import os
+import re
+import shutil
+
 import pytest
 import yaml
 
+from embedjob_worker.snapshot import input_snapshot
 from support.cli import EMBEDJOB, manifest, run
+from support.driver_jobs import corpus_lines, write_input
+from support.manifests import merged
 from support.paths import CORPUS
+from support.sql import query
 
 
 @pytest.mark.slow
@@ -41,3 +50,66 @@ def test_a_missing_source_file_is_a_refused_job_not_a_traceback(tmp_path, databa
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert "SourceUnavailable" in result.stdout and "does-not-exist.jsonl" in result.stdout
+
+
+def screen_lines(stderr: str) -> list[str]:
+    """What a terminal shows of stderr: each line as its last carriage return left it."""
+    return [line.split("\r")[-1] for line in stderr.split("\n")]
+
+
+def bar_states(stderr: str) -> list[str]:
+    return [state for line in stderr.split("\n") for state in line.split("\r") if "batches=" in state]
+
+
+@pytest.mark.slow
+def test_reruns_are_decided_by_content_and_the_output_is_the_runs(tmp_path, database_url):
+    long_texts = [json.dumps({"id": f"long-{i}", "text": "embedding " * 400}).encode() for i in range(3)]
+    source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 227) + long_texts)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(manifest(str(source), sortWindow=100)))  # windows 100+100+30: 4+4+1 batches
+
+    first = run([*EMBEDJOB, "run", str(job), "--database-url", database_url, "-v"])
+    assert first.returncode == 0, first.stderr
+    assert "records embedded   230 (3 truncated)" in first.stdout
+    assert "9 total" in first.stdout
+    # -v: a line per batch written, with its records, worker and latency; above the bar, never in it
+    written = [line for line in screen_lines(first.stderr) if "event=batch_written" in line]
+    assert len(written) == 9 and all(line.startswith("ts=") for line in written)
+    assert all(re.search(r" records=\d+ .*worker=\S+ .*latency_s=[\d.]+", line) for line in written), written[0]
+    # the bar counts batches against an estimate until the input is read through
+    states = bar_states(first.stderr)
+    assert any(re.search(r"batches=\d/~9\b", state) for state in states), states
+    assert "batches=9/9" in states[-1]
+
+    recorded = input_snapshot(str(source))  # as the run row keeps it
+    os.utime(source, (1_700_000_000, 1_700_000_000))  # touched: the same bytes
+    touched = run([*EMBEDJOB, "run", str(job), "--database-url", database_url])
+    assert touched.returncode == 0, touched.stdout + touched.stderr
+    assert "9 succeeded (9 already done)" in touched.stdout
+    assert "records embedded   230 (3 truncated)" in touched.stdout  # the run's, not this invocation's
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    copied = elsewhere / "copy.jsonl"
+    shutil.copy(source, copied)
+    other = elsewhere / "job.yaml"
+    other.write_text(yaml.safe_dump(merged(manifest(str(copied), sortWindow=100), {"spec": {"sink": {
+        "collection": "other"}}})))
+    anew = run([*EMBEDJOB, "run", str(other), "--database-url", database_url])
+    assert anew.returncode == 0, anew.stdout + anew.stderr
+    assert "9 succeeded (0 already done)" in anew.stdout
+    assert query(database_url, "SELECT collection, count(*) FROM embeddings GROUP BY collection ORDER BY 1") == \
+        [("cli", 230), ("other", 230)]
+
+    changed = tmp_path / "changed.jsonl"
+    write_input(changed, corpus_lines(0, 226) + long_texts)
+    job.write_text(yaml.safe_dump(manifest(str(changed), sortWindow=100)))
+    refused = run([*EMBEDJOB, "run", str(job), "--database-url", database_url])
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    given = input_snapshot(str(changed))
+    assert (f"InputChanged: the input changed from {source} (sha256 {recorded.content[7:19]}, "
+            f"{recorded.size} bytes, modified {recorded.modified}) to {changed} (sha256 "
+            f"{given.content[7:19]}, {given.size} bytes") in refused.stdout
+    assert "--new-run" in refused.stdout
+    refusal = [line for line in screen_lines(refused.stderr) if "event=job_refused" in line]
+    assert len(refusal) == 1 and refusal[0].startswith("ts="), refused.stderr[-2000:]

@@ -1,5 +1,5 @@
 """`embedjob run` and the cluster-mode entrypoint as subprocesses that refuse a bad manifest or an
-unreachable Ray, and the masking of secrets in log records."""
+unreachable Ray, the masking of secrets in log records, and the progress bar's batch estimate."""
 
 import json
 import logging
@@ -10,7 +10,9 @@ import yaml
 from embedjob.contract import encode_job_config
 from support.cli import DRIVER, EMBEDJOB, manifest, run
 from support.net import free_port
+from embedjob_worker.batching import estimated_batches, make_batches
 from embedjob_worker.logs import SecretMaskingFilter, mask_url
+from embedjob_worker.records import Record
 
 
 def test_a_manifest_with_bad_fields_exits_2_naming_the_fields(tmp_path):
@@ -63,3 +65,10 @@ def test_logs_mask_the_database_password():
     record.fields = {"error": "could not connect to postgresql://app:s3cr%21t@db/vectors"}
     SecretMaskingFilter(["postgresql://app:s3cr%21t@db/vectors"]).filter(record)
     assert "s3cr" not in record.getMessage() and "s3cr" not in json.dumps(record.fields)
+
+
+def test_the_progress_estimate_counts_the_batches_make_batches_cuts():
+    for records, batch_size, sort_window in ((230, 32, 100), (200, 32, 4096), (64, 16, 0), (1, 64, 64), (0, 8, 16)):
+        cut = list(make_batches((Record(i, f"r{i}", "x" * (i % 7 + 1)) for i in range(records)), batch_size,
+                                sort_window, "key"))
+        assert estimated_batches(records, batch_size, sort_window) == len(cut), (records, batch_size, sort_window)

@@ -39,6 +39,13 @@ def batch_key(input_fingerprint: str, config_fingerprint: str) -> str:
     return hashlib.sha256(f"{input_fingerprint}:{config_fingerprint}".encode()).hexdigest()
 
 
+def estimated_batches(records: int, batch_size: int, sort_window: int) -> int:
+    """How many batches make_batches cuts from `records` valid records (exact when none is bad)."""
+    window = sort_window or batch_size
+    full, rest = divmod(records, window)
+    return full * -(-window // batch_size) + -(-rest // batch_size)
+
+
 def windows(records: Iterable[Record], window_size: int) -> Iterator[list[Record]]:
     """Consecutive lists of at most window_size records, in input order."""
     iterator = iter(records)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import sys
 import warnings
@@ -14,6 +13,8 @@ from pathlib import Path
 # `embedjob run` is a one-machine Ray: keep its servers on loopback rather than the
 # machine's network address. Ray reads this once, when it is first imported (below).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+from tqdm import tqdm  # noqa: E402
 
 from embedjob import db  # noqa: E402
 from embedjob.api import RunCounters, SpecError  # noqa: E402
@@ -68,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.INVALID_CONFIG
     with ExitStack() as stack:
         url = args.database_url or _local_database(stack)
-        configure_logging(secrets=[url], level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING)
+        # Log lines go above `embedjob run`'s progress bar, never into it.
+        configure_logging(secrets=[url], level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                          write=lambda line: tqdm.write(line, file=sys.stderr))
         try:
             return _run(config, url, args) if args.command == "run" else _search(config, url, args)
         except Unreachable as exc:
@@ -86,8 +89,8 @@ def _local_database(stack: ExitStack) -> str:
 
 def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     import ray
-    from tqdm import tqdm
 
+    from .batching import estimated_batches
     from .driver import fault_injection_from_env
     from .metrics import DriverMetrics
     from .run import DriverOptions, run_job
@@ -107,7 +110,7 @@ def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     except OSError:
         total = None  # the driver refuses the job with SourceUnavailable and says why
     # Until the input has been read through, the batch count is estimated from the records.
-    estimate = f"~{math.ceil(total / spec.batching.batch_size)}" if total else "?"
+    estimate = f"~{estimated_batches(total, spec.batching.batch_size, spec.batching.sort_window)}" if total else "?"
     print(f"embedjob: {config.name}: {spec.source.uri} -> {mask_url(url)} table {spec.sink.table}, "
           f"collection {spec.sink.collection}", file=sys.stderr)
     with tqdm(total=total, unit="rec", desc=config.name, dynamic_ncols=True) as bar:

@@ -11,6 +11,7 @@ from .batching import Batch, make_batches
 from .errors import JobFailed
 from .metrics import DriverMetrics
 from .records import BadRecord, IdRegistry, RawRecord, Record, classify_records
+from .sink import DoneBatch
 from .source import read_records
 from .tally import RunTally
 
@@ -19,11 +20,11 @@ from .tally import RunTally
 BAD_RECORDS_GROUP = 1000
 
 
-def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: dict[str, int], tally: RunTally,
+def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: dict[str, DoneBatch], tally: RunTally,
                      metrics: DriverMetrics, on_bad_records: Callable[[list[BadRecord]], None],
                      ids: IdRegistry | None = None) -> Iterator[Batch]:
     """Stream the batches of valid records (batch ids derive from `key`), skipping those in
-    `done_before` (batch id -> records embedded by an earlier session of the job). `ids`
+    `done_before` (the batches an earlier session of the job wrote, by id). `ids`
     decides duplicate ids (records.classify_records; the driver's keeps them in PostgreSQL).
 
     Bad records go to `on_bad_records` before the next batch, or once BAD_RECORDS_GROUP of

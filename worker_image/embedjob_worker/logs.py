@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 _PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
@@ -54,8 +55,24 @@ class SecretMaskingFilter(logging.Filter):
         return True
 
 
-def configure_logging(secrets: list[str], level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+class LineHandler(logging.Handler):
+    """Hands each formatted line to `write` (`embedjob run` prints it above its progress bar)."""
+
+    def __init__(self, write: Callable[[str], None]):
+        super().__init__()
+        self.write = write
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.write(self.format(record))
+        except Exception:  # noqa: BLE001 - logging's own policy: report, never raise into the caller
+            self.handleError(record)
+
+
+def configure_logging(secrets: list[str], level: int = logging.INFO,
+                      write: Callable[[str], None] | None = None) -> None:
+    """key=value lines with secrets masked, on stderr or through `write`."""
+    handler = LineHandler(write) if write else logging.StreamHandler(sys.stderr)
     handler.setFormatter(KeyValueFormatter())
     handler.addFilter(SecretMaskingFilter(secrets))
     root = logging.getLogger("embedjob_worker")

@@ -188,6 +188,7 @@ class JobRun:
         state = "failed" if failure else "succeeded"
         self.summary.state, self.summary.counters = state, counters
         self.summary.batches_skipped = self.tally.batches_skipped
+        self.summary.records_truncated += self.tally.truncated_skipped  # the run's, not only this session's
         self.summary.reason = failure.reason if failure else None
         self.summary.error = str(failure) if failure else None
         self.summary.elapsed_seconds = time.monotonic() - self.started

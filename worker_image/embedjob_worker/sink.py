@@ -89,6 +89,14 @@ REFUSED_START_REASONS = ("InputChanged", "ModelUnavailable", "SourceUnavailable"
 
 
 @dataclass(frozen=True)
+class DoneBatch:
+    """A batch an earlier session of the job wrote: what it embedded and, of that, truncated."""
+
+    records_embedded: int
+    records_truncated: int
+
+
+@dataclass(frozen=True)
 class RunStart:
     run_id: str
     resumed: bool
@@ -223,13 +231,18 @@ class PostgresSink:
             reason=reason, error=error, finished_at=sa.func.now() if reason else None))
         return run_id
 
-    def succeeded_batches(self) -> dict[str, int]:
-        """The job's succeeded batches (ids carry the input and config fingerprints) -> records embedded."""
-        batches = db.batches
+    def succeeded_batches(self) -> dict[str, DoneBatch]:
+        """The job's succeeded batches (ids carry the input and config fingerprints) by id."""
+        batches, errors = db.batches, db.record_errors
+        truncated = (sa.select(errors.c.batch_id, sa.func.count(sa.distinct(errors.c.position)).label("records"))
+                     .where(errors.c.job_key == self.job_key, errors.c.reason == "truncated")
+                     .group_by(errors.c.batch_id).subquery())
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(batches.c.batch_id, batches.c.records - batches.c.failed_records)
+            rows = conn.execute(sa.select(batches.c.batch_id, batches.c.records - batches.c.failed_records,
+                                          sa.func.coalesce(truncated.c.records, 0))
+                                .outerjoin(truncated, truncated.c.batch_id == batches.c.batch_id)
                                 .where(batches.c.job_key == self.job_key, batches.c.state == "succeeded"))
-            return {batch_id: embedded for batch_id, embedded in rows}
+            return {batch_id: DoneBatch(embedded, truncated) for batch_id, embedded, truncated in rows}
 
     def write(self, run_id: str, outcomes: list[BatchOutcome], bad_records: list[BadRecord],
               counters: dict) -> None:

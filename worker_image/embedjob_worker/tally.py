@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -9,7 +10,10 @@ from dataclasses import dataclass, field
 
 from embedjob.api import RunCounters
 
-from .sink import BatchOutcome
+from .logs import log_event
+from .sink import BatchOutcome, DoneBatch
+
+log = logging.getLogger("embedjob_worker.tally")
 
 
 class RunTally:
@@ -19,7 +23,8 @@ class RunTally:
         self._lock = threading.Lock()
         self.batches_total: int | None = None  # known once the input has been read through
         self.records_total: int | None = None
-        self.batches_skipped = self.records_skipped = 0  # done by an earlier session of this job
+        # done by an earlier session of this job (and its records truncated then)
+        self.batches_skipped = self.records_skipped = self.truncated_skipped = 0
         self.batches_succeeded = self.batches_failed = 0  # committed in this session
         self.records_embedded = self.records_failed = 0
         self._embedding_started: float | None = None
@@ -33,11 +38,12 @@ class RunTally:
         with self._lock:
             self.batches_total, self.records_total = batches, records
 
-    def skipped(self, records_embedded: int) -> None:
+    def skipped(self, done: DoneBatch) -> None:
         """A batch an earlier session of the job already wrote."""
         with self._lock:
             self.batches_skipped += 1
-            self.records_skipped += records_embedded
+            self.records_skipped += done.records_embedded
+            self.truncated_skipped += done.records_truncated
 
     def rejected(self, records: int) -> None:
         """Bad records, failed before embedding."""
@@ -63,6 +69,8 @@ class RunTally:
             )
 
     def commit(self, outcomes: Iterable[BatchOutcome]) -> None:
+        """Count the batches the writer committed; each is a `batch_written` line (`embedjob run -v`)."""
+        outcomes = list(outcomes)
         with self._lock:
             for o in outcomes:
                 if o.state == "succeeded":
@@ -71,6 +79,10 @@ class RunTally:
                 else:
                     self.batches_failed += 1
                     self.records_failed += len(o.records)
+        for o in outcomes:
+            log_event(log, "batch_written", batch=o.batch_id, state=o.state, records=len(o.records),
+                      truncated=len(o.truncated), worker=o.worker, attempt=o.attempts[-1].attempt,
+                      latency_s=round(o.duration_s or 0.0, 3))
 
 
 @dataclass
