@@ -58,7 +58,7 @@ class InputSnapshot:
 def describe_input(recorded: dict[str, Any] | None) -> str:
     """`/data/in.jsonl (sha256 1a2b3c4d5e6f, 1234 bytes, modified 2026-11-29T23:00:00Z)`."""
     if not recorded:
-        return "an input whose description was not recorded (a run written before migration 0005)"
+        return "an input whose description was not recorded (a run written before migration 0006)"
     kind, _, stamp = str(recorded.get("content", "")).partition(":")
     content = f"{kind} {stamp[:SHORT_HASH]}" if kind == "sha256" else f"{kind} {stamp}"
     parts = [content, f"{recorded.get('size')} bytes"]
