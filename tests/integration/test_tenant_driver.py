@@ -40,7 +40,7 @@ def test_a_driver_under_a_namespace_role_embeds_every_record_exactly_once(ray_ad
     reference = model.encode([r.text for r in rows], normalize_embeddings=True, convert_to_numpy=True)
     np.testing.assert_allclose(np.array([json.loads(r.embedding) for r in rows]), reference, atol=1e-5)
     assert query(database_url, "SELECT namespace, job_key, state, records_embedded FROM embedjob_runs") == [
-        ("team-a", "local/team-a/tenant-job", "succeeded", len(records))]
+        ("team-a", "local/team-a/tenant-job/embeddings/tenant-job", "succeeded", len(records))]
     assert query(database_url, "SELECT to_regclass('public.embeddings')")[0][0] is None
     # Another namespace's role sees neither the run nor the vectors.
     assert query(team_b.url, "SELECT count(*) FROM embedjob_runs")[0][0] == 0
