@@ -10,6 +10,7 @@ schema: no $ref, no anyOf around nullable fields, boolean exclusive bounds, and
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from typing import Any
@@ -135,6 +136,26 @@ DESCRIPTION = (
     "pgvector table in PostgreSQL (spec.sink). The operator creates one RayJob for it and reports progress "
     "and state in status. Troubleshooting: docs/troubleshooting.md; the driver's log: `embedjob logs NAME`."
 )
+
+def with_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """`value` as the API server stores it: the schema's defaults filled in where fields are
+    absent, outside in (Kubernetes' structural defaulting), for `embedjob render`."""
+    if isinstance(value, dict) and "properties" in schema:
+        value = dict(value)
+        for name, prop in schema["properties"].items():
+            if name not in value and "default" in prop:
+                value[name] = copy.deepcopy(prop["default"])
+            if name in value:
+                value[name] = with_defaults(prop, value[name])
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        value = [with_defaults(schema["items"], item) for item in value]
+    return value
+
+
+def spec_as_stored(spec: dict[str, Any]) -> dict[str, Any]:
+    """An EmbeddingJob's spec as the API server stores it (defaults applied)."""
+    return with_defaults(openapi_schema(api.EmbeddingJobSpec), spec)
+
 
 def crd() -> dict[str, Any]:
     root = {

@@ -1,6 +1,7 @@
 """The quickstart manifests as install.md applies them, with the operator (a process, as its ServiceAccount) on
 the real API server: the local example's relative source is refused for a cluster with a reason that says what
-to write instead, and the cluster example (the sample in the worker image) gets its RayJob."""
+to write instead, and the cluster example (the sample in the worker image) gets its RayJob, the one
+`embedjob render` prints for it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import json
 import shlex
 
 import pytest
+import yaml
 
 from controller.acceptance import SAMPLE_IN_WORKER_IMAGE
 from embedjob.contract import CONFIG_FLAG
-from support.kubectl import condition, create_database_secret, rayjobs, wait_for_condition
+from support.cli import EMBEDJOB, run
+from support.kubectl import condition, create_database_secret, get_json, rayjobs, wait_for_condition
 from support.paths import REPO
 
 pytestmark = pytest.mark.k8s
@@ -38,3 +41,27 @@ def test_the_local_quickstart_is_refused_on_a_cluster_and_the_cluster_one_runs_t
     entrypoint = shlex.split(rayjob["spec"]["entrypoint"])
     config = json.loads(base64.b64decode(entrypoint[entrypoint.index(CONFIG_FLAG) + 1]))
     assert config["spec"]["source"]["uri"] == SAMPLE_IN_WORKER_IMAGE
+
+    # `embedjob render` with the operator's settings and the applied job's uid prints that RayJob
+    uid = get_json(kube, "ej", "quickstart", "-n", namespace)["metadata"]["uid"]
+    rendered = run([*EMBEDJOB, "render", str(REPO / "examples" / "quickstart-cluster.yaml"), "--uid", uid,
+                    "-n", namespace, "--worker-image", "embedjob-worker:test"], timeout=120)
+    assert rendered.returncode == 0, rendered.stderr
+    rendered = yaml.safe_load(rendered.stdout)
+    assert rendered["metadata"]["name"] == rayjob["metadata"]["name"]
+    assert_within(rendered["metadata"], rayjob["metadata"])
+    assert_within(rendered["spec"], rayjob["spec"])
+
+
+def assert_within(ours, stored, path="") -> None:
+    """Every value we wrote is what the API server stored (which adds KubeRay's defaults)."""
+    if isinstance(ours, dict):
+        for key, value in ours.items():
+            assert key in stored, f"{path}.{key} missing from the stored RayJob"
+            assert_within(value, stored[key], f"{path}.{key}")
+    elif isinstance(ours, list):
+        assert len(ours) == len(stored), path
+        for i, (a, b) in enumerate(zip(ours, stored)):
+            assert_within(a, b, f"{path}[{i}]")
+    else:
+        assert ours == stored, f"{path}: rendered {ours!r}, stored {stored!r}"

@@ -1,4 +1,4 @@
-"""`embedjob run` (a job on this machine: local Ray, embedded PostgreSQL) and `embedjob search`."""
+"""The `embedjob` command: `run` (a job on this machine: local Ray, embedded PostgreSQL), `search`, `logs`, `render`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from embedjob.contract import DATABASE_URL_ENV, ExitCode  # noqa: E402
 from .config import JobConfig  # noqa: E402
 from .driver import unreachable_exit_code  # noqa: E402
 from .errors import Unreachable  # noqa: E402
-from . import job_logs  # noqa: E402
+from . import job_logs, render  # noqa: E402
 from .logs import configure_logging, mask_url  # noqa: E402
 
 SNIPPET_CHARS = 100
@@ -54,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("-k", type=int, default=5, help="how many neighbours (default 5)")
     search.add_argument("--database-url", default=os.environ.get(DATABASE_URL_ENV))
     job_logs.add_command(commands)
+    render.add_command(commands)
     return parser
 
 
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_third_party_notices()
     if args.command == job_logs.COMMAND:
         return job_logs.run(args)
+    if args.command == render.COMMAND:
+        return render.run(args)
     try:
         config = JobConfig.from_file(args.manifest)
     except (SpecError, OSError) as exc:

@@ -1,0 +1,85 @@
+"""`embedjob render MANIFEST`: the RayJob the operator would create for an EmbeddingJob, from the same builder.
+
+For a reviewer of a GitOps pull request, or a user debugging placement: the manifest is
+checked as the operator's review checks it where no cluster is needed (the spec, the
+source, the model's pin), then given to `controller.rayjob.build_rayjob` with the
+operator's settings (the chart's defaults, overridden by the operator's environment
+variables, then by flags). Two things only the cluster can tell are not checked: that
+the database Secret and key exist, and what a `clusterSelector` cluster hands the driver.
+A RayJob's name and owner carry the EmbeddingJob's uid, which exists only once it was
+applied: `--uid` gives it (`kubectl get ej NAME -o jsonpath='{.metadata.uid}'`),
+otherwise a placeholder is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Any
+
+import yaml
+
+from controller import acceptance
+from controller.rayjob import build_rayjob
+from controller.settings import Settings, SettingsError
+from embedjob.api import SpecError
+from embedjob.crd import spec_as_stored
+from embedjob.contract import ExitCode
+from embedjob.manifest import load_manifest
+
+COMMAND = "render"
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+
+
+class RenderRefused(Exception):
+    """The operator would refuse this job: the reason and message of its review."""
+
+    def __init__(self, verdict: acceptance.Verdict):
+        super().__init__(f"{verdict.reason}: {verdict.message}")
+        self.verdict = verdict
+
+
+def render(manifest: dict[str, Any], settings: Settings, uid: str = PLACEHOLDER_UID,
+           namespace: str | None = None) -> dict[str, Any]:
+    """The RayJob for a manifest whose envelope was checked (`embedjob.manifest.check_envelope`),
+    applied in `namespace` (else the manifest's, else default) and given `uid`."""
+    parsed = acceptance.parse(manifest["spec"])
+    if isinstance(parsed, acceptance.Verdict):
+        raise RenderRefused(parsed)
+    for verdict in (acceptance.check_source(parsed.source.uri), acceptance.check_model(parsed.model)):
+        if verdict is not None:
+            raise RenderRefused(verdict)
+    metadata = {**manifest["metadata"], "uid": uid}
+    metadata["namespace"] = namespace or metadata.get("namespace") or "default"
+    # the entrypoint carries the spec as the operator reads it: as stored, defaults applied
+    stored = {**manifest, "metadata": metadata, "spec": spec_as_stored(manifest["spec"])}
+    return build_rayjob(stored, parsed, settings)
+
+
+def add_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(COMMAND, help="print the RayJob the operator would create for a manifest")
+    parser.add_argument("manifest", help="the EmbeddingJob manifest (YAML or JSON)")
+    parser.add_argument("-n", "--namespace", help="where it would be applied (default: the manifest's, else default)")
+    parser.add_argument("--uid", default=PLACEHOLDER_UID,
+                        help="the EmbeddingJob's uid, for the RayJob's exact name and owner (default: a placeholder)")
+    parser.add_argument("--worker-image", help="the worker image the chart gives the operator (worker.image); "
+                                               "default: $EMBEDJOB_WORKER_IMAGE, else the operator's built-in default")
+    parser.add_argument("--ray-version", help="the chart's worker.rayVersion; default: $EMBEDJOB_RAY_VERSION, "
+                                              "else the operator's built-in default")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = Settings.from_env()
+        overrides = {"worker_image": args.worker_image, "ray_version": args.ray_version}
+        settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v})
+        rayjob = render(load_manifest(args.manifest), settings, args.uid, args.namespace)
+    except (OSError, SpecError, SettingsError) as exc:
+        print(f"embedjob: {args.manifest}: {exc}", file=sys.stderr)
+        return ExitCode.INVALID_CONFIG
+    except RenderRefused as exc:
+        print(f"embedjob: the operator would refuse {args.manifest}: {exc}", file=sys.stderr)
+        return ExitCode.INVALID_CONFIG
+    sys.stdout.write(yaml.safe_dump(rayjob, sort_keys=False))
+    return ExitCode.SUCCEEDED
