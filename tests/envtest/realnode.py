@@ -164,6 +164,11 @@ class RealNode:
     def log_tail(self, lines: int = 60) -> str:
         return tail(self.log_path, lines)
 
+    def pods_run(self, namespace: str) -> list[str]:
+        """The pods this node ran in the namespace, deleted ones too (their directories stay): a pod
+        that lived between two polls of a watcher, such as a Helm hook's, is still found here."""
+        return sorted({d.name[len(namespace) + 1:].rsplit("_", 1)[0] for d in self.workdir.glob(f"pods/{namespace}_*")})
+
     def container_log(self, namespace: str, pod: str, container: str, restart: int | None = None) -> str:
         """A container's output (stdout and stderr): the test node's stand-in for ``kubectl logs``."""
         dirs = sorted(self.workdir.glob(f"pods/{namespace}_{pod}_*"), key=lambda p: p.stat().st_mtime)
