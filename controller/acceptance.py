@@ -183,9 +183,14 @@ def parse(spec: dict[str, Any]) -> api.EmbeddingJobSpec | Verdict:
         return _reject("InvalidSpec", str(exc))
 
 
+def review_without_cluster(spec: api.EmbeddingJobSpec) -> Verdict | None:
+    """The part of the review that needs nothing from the cluster (`embedjob render` runs it alone)."""
+    return check_source(spec.source.uri) or check_model(spec.model)
+
+
 def review(spec: api.EmbeddingJobSpec, secret: dict[str, Any] | None,
            raycluster: dict[str, Any] | None = None) -> Verdict:
     """Review a parsed spec, its database Secret (None: the Secret does not exist) and, for a
     job with spec.clusterSelector, the RayCluster it selects (None: it does not exist)."""
-    return (check_source(spec.source.uri) or check_model(spec.model) or check_secret(spec.sink, secret)
+    return (review_without_cluster(spec) or check_secret(spec.sink, secret)
             or check_shared_cluster(spec, raycluster) or ACCEPTED)

@@ -4,7 +4,6 @@ and build argument they name exists (the local ones run for real in tests/integr
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 
@@ -12,6 +11,7 @@ import pytest
 import yaml
 
 from support.doc_commands import doc_commands
+from support.dockerfiles import build_arg_defaults, parse_dockerfile
 from support.paths import REPO
 
 REPO_DIRS = ("examples/", "charts/", "crds/", "controller/", "worker_image/", "bench/", "tests/")
@@ -72,8 +72,7 @@ def test_every_docker_build_names_a_dockerfile_and_its_build_arguments():
     builds = [c for c in doc_commands("docker") if c.argv[1:2] == ["build"]]
     assert builds
     for build in builds:
-        dockerfile = (REPO / build.argv[build.argv.index("-f") + 1]).read_text()
-        declared = set(re.findall(r"^ARG\s+([A-Z_][A-Z0-9_]*)", dockerfile, re.M))
+        declared = set(build_arg_defaults(parse_dockerfile(REPO / build.argv[build.argv.index("-f") + 1])))
         given = {build.argv[i + 1].split("=", 1)[0] for i, w in enumerate(build.argv) if w == "--build-arg"}
         assert given <= declared, (str(build), given - declared)
 

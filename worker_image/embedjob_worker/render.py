@@ -47,9 +47,9 @@ def render(manifest: dict[str, Any], settings: Settings, uid: str = PLACEHOLDER_
     parsed = acceptance.parse(manifest["spec"])
     if isinstance(parsed, acceptance.Verdict):
         raise RenderRefused(parsed)
-    for verdict in (acceptance.check_source(parsed.source.uri), acceptance.check_model(parsed.model)):
-        if verdict is not None:
-            raise RenderRefused(verdict)
+    refused = acceptance.review_without_cluster(parsed)
+    if refused is not None:
+        raise RenderRefused(refused)
     metadata = {**manifest["metadata"], "uid": uid}
     metadata["namespace"] = namespace or metadata.get("namespace") or "default"
     # the entrypoint carries the spec as the operator reads it: as stored, defaults applied
