@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from embedjob import api
+from embedjob.api_pods import HEAD_CONTAINER, WORKER_CONTAINER
 from embedjob.contract import DATABASE_URL_ENV, driver_command
 
+from .pod_templates import pod_template, submitter_template
 from .settings import Settings
 
 RAY_API_VERSION = "ray.io/v1"
@@ -118,6 +120,11 @@ def _container(name: str, image: str, env: list, resources: dict) -> dict[str, A
     return {"name": name, "image": image, "env": env, "resources": copy.deepcopy(resources)}
 
 
+def _head_settings(spec: api.EmbeddingJobSpec, settings: Settings) -> tuple:
+    """The head's pod settings, in merge order: the operator's defaults, then the job's."""
+    return settings.pod_defaults.head, spec.head.template if spec.head else None
+
+
 def _cluster_spec(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Settings) -> dict[str, Any]:
     image = spec.workers.image or settings.worker_image
     layout = worker_layout(spec.workers)
@@ -128,10 +135,10 @@ def _cluster_spec(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Set
         "authOptions": {"mode": "token"},
         "headGroupSpec": {
             "rayStartParams": {"num-cpus": "0"},
-            "template": {
+            "template": pod_template({
                 "metadata": {"labels": labels(job)},
-                "spec": {"containers": [_container("ray-head", image, database_env(spec.sink), HEAD_RESOURCES)]},
-            },
+                "spec": {"containers": [_container(HEAD_CONTAINER, image, database_env(spec.sink), HEAD_RESOURCES)]},
+            }, *_head_settings(spec, settings)),
         },
         "workerGroupSpecs": [
             {
@@ -140,15 +147,15 @@ def _cluster_spec(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Set
                 "minReplicas": layout.pods,
                 "maxReplicas": layout.pods,
                 "rayStartParams": {},
-                "template": {
+                "template": pod_template({
                     "metadata": {"labels": labels(job)},
                     "spec": {
                         "containers": [
-                            _container("ray-worker", image, database_env(spec.sink),
+                            _container(WORKER_CONTAINER, image, database_env(spec.sink),
                                        _worker_resources(spec.workers, layout))
                         ]
                     },
-                },
+                }, settings.pod_defaults.workers, spec.workers.template),
             }
         ],
     }
@@ -171,6 +178,10 @@ def build_rayjob(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Sett
         rayjob_spec["shutdownAfterJobFinishes"] = False
     else:
         rayjob_spec["rayClusterSpec"] = _cluster_spec(job, spec, settings)
+        submitter = submitter_template(rayjob_spec["rayClusterSpec"]["headGroupSpec"]["template"],
+                                       spec.workers.image or settings.worker_image, *_head_settings(spec, settings))
+        if submitter:
+            rayjob_spec["submitterPodTemplate"] = submitter
         rayjob_spec["shutdownAfterJobFinishes"] = True
         # KubeRay's own default, 0, deletes the cluster (and the driver's log on its head) at once.
         ttl = spec.ttl_seconds_after_finished

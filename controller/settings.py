@@ -1,16 +1,26 @@
 """The operator's settings, read once from the environment.
 
 The Helm chart sets these variables; their names are a contract (docs/operator.md).
+The default pod settings of the Ray head and workers (docs/pod-settings.md) come from
+EMBEDJOB_POD_DEFAULTS (YAML or JSON) or the file EMBEDJOB_POD_DEFAULTS_FILE names.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Mapping
 
+import yaml
+from pydantic import ValidationError
+
+from embedjob.api import SpecError
+from embedjob.api_pods import PodDefaults
 from embedjob.contract import DATABASE_URL_ENV, POOL_LEASE_EXPIRY_SECONDS
+
+POD_DEFAULTS_ENV = "EMBEDJOB_POD_DEFAULTS"
+POD_DEFAULTS_FILE_ENV = "EMBEDJOB_POD_DEFAULTS_FILE"
 
 
 class SettingsError(ValueError):
@@ -45,6 +55,7 @@ class Settings:
     pool_idle_seconds: float  # a pool no job leases is removed after this long (docs/pools.md)
     pool_sweep_seconds: float
     pool_lease_expiry_seconds: float  # a lease whose heartbeat is older is no longer live
+    pod_defaults: PodDefaults = field(default_factory=PodDefaults)  # merged under each job's pod settings
 
     @property
     def clusterwide(self) -> bool:
@@ -86,4 +97,40 @@ class Settings:
             pool_sweep_seconds=number("EMBEDJOB_POOL_SWEEP_SECONDS", 60.0, 0.1),
             # Drivers heartbeat every 5 s; a minute of silence is a dead driver, not a slow one.
             pool_lease_expiry_seconds=number("EMBEDJOB_POOL_LEASE_EXPIRY_SECONDS", POOL_LEASE_EXPIRY_SECONDS, 1),
+            pod_defaults=pod_defaults_from_env(env),
         )
+
+
+def pod_defaults_from_env(env: Mapping[str, str]) -> PodDefaults:
+    """EMBEDJOB_POD_DEFAULTS, else the file EMBEDJOB_POD_DEFAULTS_FILE, else none."""
+    text, source = env.get(POD_DEFAULTS_ENV, "").strip(), POD_DEFAULTS_ENV
+    path = env.get(POD_DEFAULTS_FILE_ENV, "").strip()
+    if text and path:
+        raise SettingsError(f"set {POD_DEFAULTS_ENV} or {POD_DEFAULTS_FILE_ENV}, not both")
+    return pod_defaults_file(path, f"{POD_DEFAULTS_FILE_ENV}={path}") if path else parse_pod_defaults(text, source)
+
+
+def pod_defaults_file(path: str, source: str) -> PodDefaults:
+    """Default pod settings from the YAML or JSON file `path`."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except (OSError, UnicodeError) as exc:
+        raise SettingsError(f"{source}: cannot read it: {exc}") from None
+    return parse_pod_defaults(text, source)
+
+
+def parse_pod_defaults(text: str, source: str) -> PodDefaults:
+    """Default pod settings from YAML or JSON text; SettingsError naming `source` and each bad field."""
+    try:
+        data = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{source}: not YAML or JSON: {exc}") from None
+    if data is None:
+        return PodDefaults()
+    if not isinstance(data, dict):
+        raise SettingsError(f"{source}: expected an object with head and/or workers")
+    try:
+        return PodDefaults.model_validate(data)
+    except ValidationError as exc:
+        raise SettingsError(f"{source}: {SpecError.from_validation_error(exc, prefix='podDefaults')}") from None

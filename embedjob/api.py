@@ -18,7 +18,8 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, ValidationError
 
-from .api_rules import cel
+from .api_rules import LABEL_KEY, LABEL_VALUE, cel
+from .api_pods import Head
 from .api_sections import ApiModel, Batching, Model, Retry, Sink, Source, Workers
 
 GROUP = "embedjob.dev"
@@ -36,8 +37,6 @@ DEFAULT_TTL_SECONDS_AFTER_FINISHED = 600
 
 # KubeRay selects the cluster of a RayJob by this label (utils.RayJobClusterSelectorKey).
 RAY_CLUSTER_SELECTOR_KEY = "ray.io/cluster"
-LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
 
 
 class EmbeddingJobSpec(ApiModel):
@@ -74,6 +73,12 @@ class EmbeddingJobSpec(ApiModel):
                     "clusterSelector keys must be valid label keys",
                     ".clusterSelector",
                 ),
+                cel(
+                    "!has(self.clusterSelector) || (!has(self.head) && !has(self.workers.template))",
+                    "pod settings (head, workers.template) apply to the job's own cluster; unset them with "
+                    "clusterSelector",
+                    ".clusterSelector",
+                ),
             ]
         }
     )
@@ -105,6 +110,10 @@ class EmbeddingJobSpec(ApiModel):
         json_schema_extra={"maxProperties": 16},
         description="Labels of an existing RayCluster to run on instead of creating one; must include "
         f"{RAY_CLUSTER_SELECTOR_KEY} (the cluster's name). The cluster is shared and kept (docs/pools.md).",
+    )
+    head: Head | None = Field(
+        None, description="The Ray head pod (which runs the driver): its pod settings and resources "
+        "(docs/pod-settings.md). Not with clusterSelector.",
     )
 
 

@@ -23,6 +23,9 @@ NOT_BLANK = r"^\S(.*\S)?$"
 # of backslashes: the same pattern goes into a CEL string.)
 SYSTEM_ROOT = (r"^(/+|/+(bin|boot|dev|etc|home|lib|lib64|mnt|opt|proc|root|run|sbin|srv|sys|tmp|usr|var)/*"
                r"|[.]{1,2}/*|~/*)$")
+# Kubernetes label keys (an optional DNS-subdomain prefix and a name) and values.
+LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
 # Kubernetes CPU quantities have millicore resolution: a smaller step rounds away.
 CPU_STEP = 0.001
 # A fractional GPU is shared by at most this many actors (all in one pod).

@@ -11,29 +11,16 @@ import math
 from enum import Enum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
+from .api_base import DNS_SUBDOMAIN, SECRET_KEY, ApiModel
+from .api_pods import WorkerPodTemplate
 from .api_rules import (
     CPU_STEP, CPU_STEP_RULE, GPU_SHARE_RULE, MIN_GPU_SHARE, MODEL_PATH_RULE, NOT_BLANK, TABLE_RULE, cel, ray_quantity,
 )
 
-# Kubernetes names used as identifiers (Secret names, keys, labels).
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
-SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
 # A SQL identifier we are willing to interpolate (quoted) into DDL.
 SQL_IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"
-
-
-class ApiModel(BaseModel):
-    """camelCase aliases, unknown fields rejected (matches the structural CRD schema)."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        use_enum_values=True,
-    )
 
 
 class SourceFormat(str, Enum):
@@ -205,6 +192,10 @@ class Workers(ApiModel):
         pattern=r"^[^\s]+$",
         description="Image of the Ray head, worker and submitter pods. Unset: the operator's worker image "
         "(EMBEDJOB_WORKER_IMAGE, the chart's worker.image).",
+    )
+    template: WorkerPodTemplate | None = Field(
+        None, description="Pod settings of the worker pods (placement, identity, volumes, env), merged over the "
+        "operator's defaults (docs/pod-settings.md). Not with clusterSelector.",
     )
 
     @field_validator("cpus_per_actor", "gpus_per_actor")

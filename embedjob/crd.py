@@ -39,6 +39,9 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         rest = {k: v for k, v in node.items() if k not in ("anyOf", "default") or (k == "default" and v is not None)}
         return _structural({**branches[0], **rest}, defs)
 
+    # An optional object (X | None) stays absent unless given: a default would make it present.
+    nullable = {name for name, prop in (node.get("properties") or {}).items()
+                if any(branch.get("type") == "null" for branch in prop.get("anyOf", ()))}
     out: dict[str, Any] = {}
     if "description" in node:
         # One line (docstrings wrap), and the default, which `kubectl explain` does not show.
@@ -64,7 +67,8 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         for name, prop in out["properties"].items():
             # Nested objects that have a default_factory get `default: {}` so that the
             # API server applies their fields' defaults.
-            if prop.get("type") == "object" and "properties" in prop and name not in out.get("required", []):
+            if (prop.get("type") == "object" and "properties" in prop and name not in out.get("required", [])
+                    and name not in nullable):
                 if not any(f in prop.get("required", []) for f in prop.get("properties", {})):
                     prop.setdefault("default", {})
     return out

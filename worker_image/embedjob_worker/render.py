@@ -22,7 +22,7 @@ import yaml
 
 from controller import acceptance
 from controller.rayjob import build_rayjob
-from controller.settings import Settings, SettingsError
+from controller.settings import POD_DEFAULTS_ENV, POD_DEFAULTS_FILE_ENV, Settings, SettingsError, pod_defaults_file
 from embedjob.api import SpecError
 from embedjob.crd import spec_as_stored
 from embedjob.contract import ExitCode
@@ -67,12 +67,16 @@ def add_command(commands: argparse._SubParsersAction) -> None:
                                                "default: $EMBEDJOB_WORKER_IMAGE, else the operator's built-in default")
     parser.add_argument("--ray-version", help="the chart's worker.rayVersion; default: $EMBEDJOB_RAY_VERSION, "
                                               "else the operator's built-in default")
+    parser.add_argument("--pod-defaults", metavar="FILE",
+                        help="the operator's default pod settings (YAML/JSON: head, workers; the chart's podDefaults); "
+                             f"default: ${POD_DEFAULTS_ENV} or the file ${POD_DEFAULTS_FILE_ENV} names, else none")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         settings = Settings.from_env()
-        overrides = {"worker_image": args.worker_image, "ray_version": args.ray_version}
+        overrides = {"worker_image": args.worker_image, "ray_version": args.ray_version,
+                     "pod_defaults": args.pod_defaults and pod_defaults_file(args.pod_defaults, args.pod_defaults)}
         settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v})
         rayjob = render(load_manifest(args.manifest), settings, args.uid, args.namespace)
     except (OSError, SpecError, SettingsError) as exc:

@@ -1,0 +1,25 @@
+"""The base of every EmbeddingJob API model, and the Kubernetes name patterns the sections share.
+
+In a module of its own so that the spec's sections (`embedjob.api_sections`) and the pod
+settings they hold (`embedjob.api_pods`) can both build on it.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+# Kubernetes names used as identifiers (Secret names, keys, labels).
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
+
+
+class ApiModel(BaseModel):
+    """camelCase aliases, unknown fields rejected (matches the structural CRD schema)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+    )
