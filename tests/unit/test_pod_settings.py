@@ -181,3 +181,35 @@ def test_huge_and_hostile_values_get_a_reason_not_a_traceback():
                    {"workers": {"template": {"spec": {"tolerations": [None]}}}}):
         problems = problems_of(fields)
         assert problems and all(path.startswith("spec.") for path, _ in problems), problems
+
+
+def example(name: str) -> dict:
+    return render(load_manifest(REPO / "examples" / name), Settings.from_env({}))["spec"]
+
+
+def test_the_gpu_node_pool_example_puts_the_workers_on_the_tainted_pool():
+    spec = example("gpu-node-pool.yaml")
+    head, worker = templates(spec)
+    assert worker["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert worker["spec"]["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+    assert worker["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "tolerations" not in head["spec"] and "nodeSelector" not in head["spec"]  # the head stays off the pool
+    assert head["spec"]["priorityClassName"] == worker["spec"]["priorityClassName"] == "batch-low"
+
+
+def test_the_s3_example_runs_the_head_as_the_serviceaccount_with_the_region():
+    spec = example("s3-irsa.yaml")
+    head, worker = templates(spec)
+    assert head["spec"]["serviceAccountName"] == "embedjob-s3-reader" and "serviceAccountName" not in worker["spec"]
+    container = head["spec"]["containers"][0]
+    assert container["envFrom"] == [{"configMapRef": {"name": "embedjob-aws"}}]
+    assert container["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
+    assert spec["submitterPodTemplate"]["spec"]["serviceAccountName"] == "embedjob-s3-reader"
+
+
+def test_the_private_registry_example_gives_every_pod_the_pull_secret():
+    spec = example("private-registry.yaml")
+    head, worker = templates(spec)
+    pods = [head["spec"], worker["spec"], spec["submitterPodTemplate"]["spec"]]
+    assert all(pod["imagePullSecrets"] == [{"name": "regcred"}] for pod in pods)
+    assert {pod["containers"][0]["image"] for pod in pods} == {"registry.example.com/ml/embedjob-worker:0.1.0"}
