@@ -93,7 +93,8 @@ class EnvVar(RuledModel):
 
     name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME,
                       description=f"The name; not {RESERVED_ENV_PREFIX}* nor one KubeRay sets for Ray.")
-    value: str | None = Field(None, max_length=32_768, pattern=NO_NUL, description="The value.")
+    value: str | None = Field(None, max_length=4096, pattern=NO_NUL, description="The value (at most 4096 "
+                              "characters; larger values belong in a Secret or ConfigMap).")
     value_from: EnvSource | None = Field(None, description="Where the value comes from instead.")
 
 

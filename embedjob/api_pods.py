@@ -53,8 +53,10 @@ class PodMetadata(RuledModel):
     labels: dict[str, LabelValue] | None = Field(
         None, max_length=MAX_MAP,
         description="Labels of the pods; not under embedjob.dev/ or ray.io/ (the operator's and KubeRay's).")
-    annotations: dict[str, Annotated[str, Field(max_length=8192, pattern=NO_NUL)]] | None = Field(
-        None, max_length=MAX_MAP, description="Annotations of the pods.")
+    annotations: dict[str, Annotated[str, Field(max_length=4096, pattern=NO_NUL)]] | None = Field(
+        None, max_length=MAX_LIST,
+        description="Annotations of the pods (at most 32, values up to 4096 characters: a pod's annotations are "
+        "limited to 256 KiB in all).")
 
 
 class HeadContainerName(str, Enum):

@@ -59,13 +59,17 @@ _METADATA_FIELDS = ("name", "namespace", "uid")
 
 
 def job_config(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The part of an EmbeddingJob manifest the driver needs (no status, no annotations)."""
+    """The part of an EmbeddingJob manifest the driver needs (no status, no annotations, no pod settings:
+    those are the operator's, and would only make the entrypoint's one argument larger)."""
     metadata = manifest.get("metadata") or {}
+    spec = {k: v for k, v in (manifest.get("spec") or {}).items() if k != "head"}
+    if isinstance(spec.get("workers"), dict):
+        spec["workers"] = {k: v for k, v in spec["workers"].items() if k != "template"}
     return {
         "apiVersion": manifest.get("apiVersion", API_VERSION),
         "kind": manifest.get("kind", KIND),
         "metadata": {k: metadata[k] for k in _METADATA_FIELDS if metadata.get(k)},
-        "spec": manifest.get("spec") or {},
+        "spec": spec,
     }
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from support.kubectl import condition, get_json, set_condition_on_status
 from support.manifests import ej_manifest
+from support.pod_settings import MALFORMED_POD_SETTINGS
 
 pytestmark = pytest.mark.k8s
 
@@ -48,6 +49,8 @@ MALFORMED = [
     ("selector-and-backoff", {"clusterSelector": SELECTOR, "retry": {"backoffLimit": 1}}, "spec.retry.backoffLimit"),
     ("selector-and-ttl", {"clusterSelector": SELECTOR, "ttlSecondsAfterFinished": 60}, "spec.ttlSecondsAfterFinished"),
     ("unknown-field", {"sourcee": {"uri": "x"}}, "sourcee"),
+    # spec.head.template and spec.workers.template (docs/pod-settings.md)
+    *((case, spec, field) for case, spec, field, _ in MALFORMED_POD_SETTINGS),
 ]
 
 

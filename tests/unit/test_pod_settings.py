@@ -213,3 +213,13 @@ def test_the_private_registry_example_gives_every_pod_the_pull_secret():
     pods = [head["spec"], worker["spec"], spec["submitterPodTemplate"]["spec"]]
     assert all(pod["imagePullSecrets"] == [{"name": "regcred"}] for pod in pods)
     assert {pod["containers"][0]["image"] for pod in pods} == {"registry.example.com/ml/embedjob-worker:0.1.0"}
+
+
+def test_the_drivers_config_leaves_the_pod_settings_out():
+    """They are the operator's: the entrypoint (one argument of the submitter, at most 128 KiB) stays the size it
+    was, and the driver parses what it is given."""
+    with_settings, without = rendered(EVERY_POD_SETTING), rendered({})
+    assert with_settings["entrypoint"] == without["entrypoint"]
+    config = contract.decode_job_config(without["entrypoint"].rsplit(" ", 1)[-1])
+    assert "head" not in config["spec"] and "template" not in config["spec"]["workers"]
+    api.parse_spec(config["spec"])
