@@ -5,9 +5,11 @@ COPY into the staging table, one merge. Three passes over the same keys: fresh i
 an identical re-write (a re-run: the merge skips unchanged rows) and a re-write with
 changed texts (every row updated).
 
-    python bench/sink.py [--rows 100000] [--rounds 3]
+    python bench/sink.py [--rows 100000] [--rounds 3] [--vector-types vector halfvec]
 
-Each round starts a fresh database; the table gives each pass's median and range.
+Each round starts a fresh database per vector type (spec.sink.vectorType; the types alternate
+within a round); the table gives each pass's median and range, and the vectors table's size
+after the passes (pg_total_relation_size: heap, TOAST and the primary key, no vector index).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import sqlalchemy as sa
 from rounds import report, run_rounds
 
 from embedjob_worker.records import Record
@@ -47,36 +51,50 @@ def timed_pass(sink: PostgresSink, run_id: str, batches: list[BatchOutcome]) -> 
     return sum(len(b.records) for b in batches) / (time.perf_counter() - started)
 
 
-def one_round(rows: int) -> dict[str, float]:
-    """A fresh database; the three passes in rows/s."""
+@contextmanager
+def fresh_sink(vector_type: str = "vector", job: str = "sink"):
+    """A sink on a new database (its own PostgreSQL in a temp dir), with its run started."""
     import pgserver
 
     with tempfile.TemporaryDirectory() as tmp:
         server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="delete")
         try:
-            sink = PostgresSink(server.get_uri(), "bench/sink", "bench", "embeddings", content_salt(True, None))
+            sink = PostgresSink(server.get_uri(), f"bench/{job}", "bench", "embeddings", content_salt(True, None),
+                                vector_type)
             sink.migrate()
-            sink.ensure_vectors_table(DIM)
-            run = sink.start_run("sink", "bench", "m", "r", "input", "config", new_run=False)
-            fresh = outcomes(rows, "v1")
-            figures = {
-                "insert (new rows)": timed_pass(sink, run.run_id, fresh),
-                "re-write, unchanged rows": timed_pass(sink, run.run_id, fresh),
-                "re-write, changed texts": timed_pass(sink, run.run_id, outcomes(rows, "v2")),
-            }
+            run = sink.start_run(job, "bench", "m", "r", "input", "config", new_run=False)
+            yield sink, run.run_id
             sink.close()
-            return figures
         finally:
             server.cleanup()
+
+
+def one_round(rows: int, vector_type: str = "vector") -> dict[str, float]:
+    """A fresh database; the three passes in rows/s, and the table's size in MB."""
+    with fresh_sink(vector_type) as (sink, run_id):
+        sink.ensure_vectors_table(DIM)
+        fresh = outcomes(rows, "v1")
+        figures = {
+            "insert (new rows)": timed_pass(sink, run_id, fresh),
+            "re-write, unchanged rows": timed_pass(sink, run_id, fresh),
+            "re-write, changed texts": timed_pass(sink, run_id, outcomes(rows, "v2")),
+        }
+        with sink.engine.connect() as conn:
+            size = conn.execute(sa.text("SELECT pg_total_relation_size('embeddings')")).scalar_one()
+        figures["table size (MB, not rows/s)"] = size / 2**20
+        return figures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--vector-types", nargs="+", choices=["vector", "halfvec"], default=["vector"])
     args = parser.parse_args()
-    print(f"{args.rows} rows of vector({DIM}), {BATCH_ROWS} rows/batch, {GROUP_BATCHES} batches/transaction")
-    print(report(run_rounds({"sink": lambda: one_round(args.rows)}, rounds=args.rounds), unit="rows/s"))
+    print(f"{args.rows} rows of {'/'.join(args.vector_types)}({DIM}), {BATCH_ROWS} rows/batch, "
+          f"{GROUP_BATCHES} batches/transaction")
+    contenders = {f"sink {t}": lambda t=t: one_round(args.rows, t) for t in args.vector_types}
+    print(report(run_rounds(contenders, rounds=args.rounds), unit="rows/s"))
 
 
 if __name__ == "__main__":

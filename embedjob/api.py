@@ -160,3 +160,6 @@ class RunCounters(ApiModel):
                                 "batches.")
     texts_per_second: float = Field(0, ge=0, description="Records embedded per second since the workers were "
                                     "ready (this attempt only).")
+    index_build_seconds: float | None = Field(
+        None, ge=0, description="Seconds the run spent building the vector index (spec.sink.index) after the load; "
+        "unset when it built none (none asked for, or the index existed already).")

@@ -30,6 +30,17 @@ class Vector(UserDefinedType):
         return f"vector({self.dim})"
 
 
+class HalfVector(Vector):
+    """pgvector's `halfvec(n)`: 16-bit floats, half the bytes of `vector(n)`."""
+
+    def get_col_spec(self, **kw) -> str:
+        return f"halfvec({self.dim})"
+
+
+# spec.sink.vectorType -> the column type of the vectors table's `embedding`.
+VECTOR_TYPES = {"vector": Vector, "halfvec": HalfVector}
+
+
 def _ts(name: str, **kw) -> sa.Column:
     return sa.Column(name, sa.DateTime(timezone=True), **kw)
 
@@ -66,6 +77,7 @@ runs = sa.Table(
     sa.Column("records_embedded", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("records_failed", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("texts_per_second", sa.Float, nullable=False, server_default="0"),
+    sa.Column("index_build_seconds", sa.Float),  # set by a run that built the vector index (migration 0007)
     sa.Column("reason", sa.String(64)),  # CamelCase, e.g. TooManyFailedBatches; set when failed
     sa.Column("error", sa.Text),
     _ts("started_at", nullable=False, server_default=sa.func.now()),
@@ -168,8 +180,9 @@ tenant_namespaces = sa.Table(
 )
 
 
-def vectors_table(name: str, dim: int, meta: sa.MetaData | None = None) -> sa.Table:
-    """The user's vectors table: one row per (collection, record id, model, revision)."""
+def vectors_table(name: str, dim: int, meta: sa.MetaData | None = None, vector_type: str = "vector") -> sa.Table:
+    """The user's vectors table: one row per (collection, record id, model, revision); `embedding` is
+    `vector_type(dim)` (a key of VECTOR_TYPES)."""
     return sa.Table(
         name,
         meta if meta is not None else sa.MetaData(),
@@ -178,7 +191,7 @@ def vectors_table(name: str, dim: int, meta: sa.MetaData | None = None) -> sa.Ta
         sa.Column("model", sa.String(256), primary_key=True),
         sa.Column("revision", sa.String(128), primary_key=True),
         sa.Column("content_hash", sa.String(64), nullable=False),
-        sa.Column("embedding", Vector(dim), nullable=False),
+        sa.Column("embedding", VECTOR_TYPES[vector_type](dim), nullable=False),
         sa.Column("text", sa.Text, nullable=False),
         sa.Column("job_key", sa.String(300), nullable=False),
         sa.Column("batch_id", sa.String(64), nullable=False),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -18,6 +19,7 @@ from tqdm import tqdm  # noqa: E402
 
 from embedjob import db  # noqa: E402
 from embedjob.api import RunCounters, SpecError  # noqa: E402
+from embedjob.api_sections import IndexType, VectorIndex  # noqa: E402
 from embedjob.contract import DATABASE_URL_ENV, ExitCode  # noqa: E402
 
 from .config import JobConfig  # noqa: E402
@@ -25,6 +27,8 @@ from .driver import unreachable_exit_code  # noqa: E402
 from .errors import Unreachable  # noqa: E402
 from . import job_logs, render  # noqa: E402
 from .logs import configure_logging, mask_url  # noqa: E402
+from .search import DEFAULT_EF_SEARCH, MAX_EF_SEARCH, nearest  # noqa: E402
+from .vector_index import metric_for  # noqa: E402
 
 SNIPPET_CHARS = 100
 # Ray announces token authentication on every local start; a one-machine Ray on loopback
@@ -48,14 +52,33 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--new-run", action="store_true", help="start a new run although the input changed")
     run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     run.add_argument("--verbose", "-v", action="store_true", help="log every batch (key=value lines on stderr)")
+    run.add_argument("--index", choices=[t.value for t in IndexType],
+                     help="build this vector index after the run (default: the manifest's spec.sink.index, else none)")
     search = commands.add_parser("search", help="nearest neighbours of a query in the job's collection")
     search.add_argument("manifest", type=Path)
     search.add_argument("query")
     search.add_argument("-k", type=int, default=5, help="how many neighbours (default 5)")
     search.add_argument("--database-url", default=os.environ.get(DATABASE_URL_ENV))
+    search.add_argument("--ef-search", type=_ef_search, help=f"HNSW candidate list (hnsw.ef_search, 1-{MAX_EF_SEARCH}; "
+                        f"default {DEFAULT_EF_SEARCH} or k if more): higher finds more true neighbours, slower")
     job_logs.add_command(commands)
     render.add_command(commands)
     return parser
+
+
+def _ef_search(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= MAX_EF_SEARCH:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_EF_SEARCH}")
+    return int(value)
+
+
+def _with_index(config: JobConfig, index: str | None) -> JobConfig:
+    """The config with `embedjob run --index` in place of spec.sink.index (the manifest's HNSW parameters kept)."""
+    sink = config.spec.sink
+    if index is None or (index == IndexType.hnsw and sink.hnsw):
+        return config
+    sink = sink.model_copy(update={"index": VectorIndex(type=index)})
+    return dataclasses.replace(config, spec=config.spec.model_copy(update={"sink": sink}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == render.COMMAND:
         return render.run(args)
     try:
-        config = JobConfig.from_file(args.manifest)
+        config = _with_index(JobConfig.from_file(args.manifest), getattr(args, "index", None))
     except (SpecError, OSError) as exc:
         print(f"embedjob: invalid manifest {args.manifest}: {exc}", file=sys.stderr)
         return ExitCode.INVALID_CONFIG
@@ -148,6 +171,10 @@ def _print_summary(summary) -> None:
             f"retries            {summary.retries} ({summary.oom_splits} out-of-memory splits)",
             f"elapsed            {summary.elapsed_seconds:.1f}s (run {summary.run_id})",
         ]
+    if summary.index is not None:
+        built = summary.index
+        lines.append(f"vector index       {built.name} " + (f"built in {built.seconds:.1f}s" if built.built else
+                                                            "exists (not rebuilt)") + (f"; {built.note}" if built.note else ""))
     print("\n".join(lines))
 
 
@@ -161,30 +188,26 @@ def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     resolved = resolve_model(config.spec.model)
     model = load_model(resolved, device="cpu")
     query = model.encode([args.query], normalize_embeddings=True, convert_to_numpy=True)[0]
-    vector = "[" + ",".join(f"{x:.7g}" for x in query) + "]"
+    sink = config.spec.sink
     engine = db.create_engine(url)
     try:
         with engine.connect() as conn:
-            rows = conn.execute(sa.text(
-                f'SELECT record_id, embedding <=> CAST(:q AS vector) AS distance, text FROM "{config.spec.sink.table}"'
-                " WHERE collection = :c AND model = :m AND revision = :r ORDER BY distance LIMIT :k"),
-                {"q": vector, "c": config.spec.sink.collection, "m": resolved.name, "r": resolved.revision,
-                 "k": args.k}).all()
+            hits = nearest(conn, sink.table, sink.collection, resolved.name, resolved.revision, query, args.k,
+                           metric_for(config.spec.model.normalize), args.ef_search)
     except sa.exc.OperationalError as exc:
         raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
-    except sa.exc.ProgrammingError:
-        print(f"embedjob: no vectors yet: run `embedjob run {args.manifest}` first", file=sys.stderr)
-        return ExitCode.JOB_FAILED
     finally:
         engine.dispose()
-    sink = config.spec.sink
-    if not rows:
+    if hits is None:
+        print(f"embedjob: no vectors yet: run `embedjob run {args.manifest}` first", file=sys.stderr)
+        return ExitCode.JOB_FAILED
+    if not hits:
         print(f"embedjob: no vectors in collection {sink.collection!r} of table {sink.table} for "
               f"{resolved.name}@{resolved.revision}: run `embedjob run {args.manifest}` first", file=sys.stderr)
         return ExitCode.JOB_FAILED
     print("distance  id  snippet")  # cosine distance: 0 is the same direction, 2 the opposite
-    for record_id, distance, text in rows:
-        snippet = " ".join(text.split())
+    for hit in hits:
+        snippet = " ".join(hit.text.split())
         snippet = snippet if len(snippet) <= SNIPPET_CHARS else snippet[: SNIPPET_CHARS - 1] + "…"
-        print(f"{distance:.4f}  {record_id}  {snippet}")
+        print(f"{hit.distance:.4f}  {hit.record_id}  {snippet}")
     return ExitCode.SUCCEEDED

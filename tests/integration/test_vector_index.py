@@ -1,0 +1,150 @@
+"""The HNSW index and halfvec storage against a real PostgreSQL with pgvector: search through the index, recall, types."""
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from support.sql import query
+from embedjob.api_sections import VectorIndex
+from embedjob_worker.errors import JobFailed
+from embedjob_worker.records import Record
+from embedjob_worker.search import nearest, vector_literal
+from embedjob_worker.sink import AttemptRow, BatchOutcome, PostgresSink, content_salt, now
+from embedjob_worker.vector_index import COSINE, INNER_PRODUCT, ensure_index, index_name
+
+HNSW = VectorIndex(type="hnsw")
+
+
+def unit_vectors(count: int, dim: int, seed: int) -> np.ndarray:
+    vectors = np.random.default_rng(seed).standard_normal((count, dim)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def loaded_sink(url: str, vectors: np.ndarray, vector_type: str, table: str = "vectors") -> PostgresSink:
+    sink = PostgresSink(url, "local/tests/index", "c1", table, content_salt(True, None), vector_type)
+    sink.migrate()
+    sink.ensure_vectors_table(vectors.shape[1])
+    run = sink.start_run("index", "tests", "m", "r1", "in", "cfg", new_run=False)
+    records = tuple(Record(i, f"r{i:05d}", f"text {i}") for i in range(len(vectors)))
+    step = 500
+    sink.write(run.run_id, [
+        BatchOutcome(f"b{start}", "succeeded", records[start:start + step], [AttemptRow(1, "w", "succeeded", None, now())],
+                     now(), vectors=vectors[start:start + step], worker="w") for start in range(0, len(vectors), step)],
+        [], {})
+    return sink
+
+
+# What a search may use: the HNSW index only (no sequential scan: a small table is cheaper to scan), no index
+# (the exact answer), or whatever the planner picks.
+PLANS = {"index": ["SET LOCAL enable_seqscan = off", "SET LOCAL enable_sort = off"],
+         "exact": ["SET LOCAL enable_indexscan = off"], "planner": []}
+
+
+def search(sink: PostgresSink, query_vector: np.ndarray, k: int, metric, plan: str, ef_search: int | None = None):
+    with sink.engine.connect() as conn:
+        for setting in PLANS[plan]:
+            conn.execute(sa.text(setting))
+        return nearest(conn, sink.table, "c1", "m", "r1", query_vector, k, metric, ef_search)
+
+
+def uses_index(sink: PostgresSink, name: str, query_vector: np.ndarray, metric, vector_type: str, plan: str) -> bool:
+    """Whether the plan of nearest()'s query, as `plan` allows, scans index `name`."""
+    with sink.engine.connect() as conn:
+        for setting in PLANS[plan]:
+            conn.execute(sa.text(setting))
+        lines = conn.execute(sa.text(
+            f"EXPLAIN SELECT record_id FROM {sink.table} WHERE collection = 'c1' AND model = 'm' AND revision = 'r1'"
+            f" ORDER BY embedding {metric.operator} CAST(:q AS {vector_type}) LIMIT 10"),
+            {"q": vector_literal(query_vector)}).scalars().all()
+    return any(f"Index Scan using {name}" in line for line in lines)
+
+
+@pytest.mark.parametrize("vector_type", ["vector", "halfvec"])
+@pytest.mark.parametrize("metric", [INNER_PRODUCT, COSINE], ids=["ip", "cosine"])
+def test_search_through_the_index_equals_the_sequential_scan_on_a_small_set(database_url, vector_type, metric):
+    vectors = unit_vectors(300, 32, seed=1)
+    sink = loaded_sink(database_url, vectors, vector_type)
+    build = ensure_index(sink.engine, sink.table, vector_type, metric, HNSW)
+    assert build.built and build.name == index_name("vectors", metric) and build.seconds > 0
+    queries = unit_vectors(20, 32, seed=2)
+    assert uses_index(sink, build.name, queries[0], metric, vector_type, "index")
+    assert not uses_index(sink, build.name, queries[0], metric, vector_type, "exact")
+    for q in queries:
+        indexed = search(sink, q, 10, metric, "index", ef_search=300)
+        exact = search(sink, q, 10, metric, "exact")
+        assert [h.record_id for h in indexed] == [h.record_id for h in exact]
+        assert np.allclose([h.distance for h in indexed], [h.distance for h in exact], atol=1e-6)
+    # The distance shown is the cosine distance whichever operator ordered the rows.
+    expected = 1 - vectors @ queries[0]
+    assert np.allclose(sorted(expected)[:10], [h.distance for h in search(sink, queries[0], 10, metric, "exact")],
+                       atol=2e-3 if vector_type == "halfvec" else 1e-5)
+    sink.close()
+
+
+@pytest.mark.parametrize("vector_type", ["vector", "halfvec"])
+def test_recall_at_10_of_the_index_against_exact_float32_neighbours(database_url, vector_type):
+    # Clustered like sentence embeddings (topics), not uniform noise, in the model's 384 dimensions.
+    rng = np.random.default_rng(3)
+    centres = unit_vectors(60, 384, seed=4)
+    vectors = centres[rng.integers(0, 60, 4000)] + 0.6 * unit_vectors(4000, 384, seed=5)
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    sink = loaded_sink(database_url, vectors, vector_type)
+    build = ensure_index(sink.engine, sink.table, vector_type, INNER_PRODUCT, HNSW)
+    queries = vectors[rng.choice(4000, 50, replace=False)] + 0.05 * unit_vectors(50, 384, seed=6)
+    assert uses_index(sink, build.name, queries[0], INNER_PRODUCT, vector_type, "planner")
+    hits = 0
+    for q in queries:
+        truth = {f"r{i:05d}" for i in np.argsort(-(vectors @ q), kind="stable")[:10]}
+        hits += len(truth & {h.record_id for h in search(sink, q, 10, INNER_PRODUCT, "planner")})
+    recall = hits / (10 * len(queries))
+    print(f"recall@10 {vector_type} (ef_search 40): {recall:.3f}")
+    assert recall >= 0.95
+    sink.close()
+
+
+def test_halfvec_round_trip_is_float16(database_url):
+    vectors = unit_vectors(50, 64, seed=7) * np.float32(3.0)
+    sink = loaded_sink(database_url, vectors, "halfvec")
+    stored = query(database_url, "SELECT record_id, embedding::text AS e FROM vectors ORDER BY record_id")
+    back = np.array([[float(x) for x in row.e.strip("[]").split(",")] for row in stored], dtype=np.float32)
+    assert np.array_equal(back, vectors.astype(np.float16).astype(np.float32))  # IEEE half, round to nearest
+    assert np.all(np.abs(back - vectors) <= np.abs(vectors) * 2.0 ** -11 + 2.0 ** -25)
+    assert query(database_url, "SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
+                 " WHERE attrelid = 'vectors'::regclass AND attname = 'embedding'") == [("halfvec(64)",)]
+    sink.close()
+
+
+def test_halfvec_refuses_a_component_beyond_its_range(database_url):
+    sink = loaded_sink(database_url, unit_vectors(2, 8, seed=8), "halfvec")
+    run = sink.start_run("index", "tests", "m", "r1", "in", "cfg", new_run=False)
+    huge = BatchOutcome("big", "succeeded", (Record(0, "big-one", "x"),), [AttemptRow(1, "w", "succeeded", None, now())],
+                        now(), vectors=np.full((1, 8), 1e6, dtype=np.float32), worker="w")
+    with pytest.raises(JobFailed, match=r"record 'big-one' \(batch big\).*halfvec's range"):
+        sink.write(run.run_id, [huge], [], {})
+    sink.close()
+
+
+@pytest.mark.parametrize("existing, wanted", [("vector", "halfvec"), ("halfvec", "vector")])
+def test_a_table_of_the_other_vector_type_is_refused_naming_both(database_url, existing, wanted):
+    loaded_sink(database_url, unit_vectors(3, 8, seed=9), existing, table="shared").close()
+    other = PostgresSink(database_url, "local/tests/other", "c2", "shared", content_salt(True, None), wanted)
+    with pytest.raises(JobFailed, match=rf"table shared holds {existing}\(8\) vectors but spec.sink.vectorType is "
+                                        rf"{wanted}") as refused:
+        other.ensure_vectors_table(8)
+    assert refused.value.reason == "VectorTypeMismatch"
+    assert query(database_url, "SELECT count(*) FROM shared") == [(3,)]
+    other.close()
+
+
+def test_an_existing_index_is_found_not_rebuilt_and_other_parameters_are_reported(database_url):
+    sink = loaded_sink(database_url, unit_vectors(100, 16, seed=10), "vector")
+    first = ensure_index(sink.engine, "vectors", "vector", INNER_PRODUCT, VectorIndex(type="hnsw", m=8))
+    oid = query(database_url, f"SELECT '{first.name}'::regclass::oid")
+    again = ensure_index(sink.engine, "vectors", "vector", INNER_PRODUCT, VectorIndex(type="hnsw", m=8))
+    assert (again.built, again.name, again.note) == (False, first.name, None)
+    other = ensure_index(sink.engine, "vectors", "vector", INNER_PRODUCT, VectorIndex(type="hnsw", m=24))
+    assert not other.built and "exists with m=8, ef_construction=64, not the spec's m=24" in other.note
+    assert query(database_url, f"SELECT '{first.name}'::regclass::oid") == oid
+    assert query(database_url, "SELECT count(*) FROM pg_indexes WHERE tablename = 'vectors' AND indexdef LIKE "
+                 "'%hnsw%'") == [(1,)]
+    sink.close()
