@@ -19,7 +19,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, ValidationError
 
 from .api_rules import cel
-from .api_sections import ApiModel, Batching, Model, Retry, Sink, Source, Workers
+from .api_sections import ApiModel, Batching, Model, Retry, Sink, Source, Sync, Workers
 
 GROUP = "embedjob.dev"
 VERSION = "v1alpha1"
@@ -84,6 +84,7 @@ class EmbeddingJobSpec(ApiModel):
     workers: Workers = Field(default_factory=Workers)
     sink: Sink
     retry: Retry = Field(default_factory=Retry)
+    sync: Sync = Field(default_factory=Sync)
     active_deadline_seconds: int | None = Field(
         None, ge=1, le=31_536_000,
         description="Seconds the whole job may run, from its start, before it is stopped and Failed "
@@ -151,3 +152,11 @@ class RunCounters(ApiModel):
                                 "batches.")
     texts_per_second: float = Field(0, ge=0, description="Records embedded per second since the workers were "
                                     "ready (this attempt only).")
+    records_new: int = Field(0, ge=0, description="Records embedded whose id had no vector for this model and "
+                             "revision in the collection (incremental runs; docs/table-source.md).")
+    records_changed: int = Field(0, ge=0, description="Records re-embedded because their text (content hash) "
+                                 "changed since their vector was written.")
+    records_unchanged: int = Field(0, ge=0, description="Records whose vector was already up to date: not sent to "
+                                   "the model, not written again (counted in recordsEmbedded).")
+    records_deleted: int = Field(0, ge=0, description="Vectors deleted at the end of the run because their id is no "
+                                 "longer in the source (sync.deleteMissing).")
