@@ -1,11 +1,12 @@
 """Runs one embedding job: starts or resumes its run and wires lease, actors, feed, dispatch and writer.
 
 The steps (docs/driver.md, "What a run does"): migrate, resolve the model's revision
-and fingerprint the input, start or resume the run row, lease the shared pool if the
-job runs on one, start the actors and wait for their model, then stream the batches
-through the Dispatcher into the SinkWriter (each batch without the records whose vector
-is up to date: embedjob_worker.incremental), delete the vectors of ids gone from the
-source if sync.deleteMissing says so, and finally record how the run ended.
+and fingerprint the input, start or resume the run row, then stream the batches, each
+without the records whose vector is up to date (embedjob_worker.incremental); once the
+first batch needs the model, lease the shared pool if the job runs on one, start the
+actors and wait for their model, and run the batches through the Dispatcher into the
+SinkWriter. Finally delete the vectors of ids gone from the source if sync.deleteMissing
+says so, and record how the run ended.
 """
 
 from __future__ import annotations
