@@ -185,7 +185,7 @@ def parse(spec: dict[str, Any]) -> api.EmbeddingJobSpec | Verdict:
 
 def review_without_cluster(spec: api.EmbeddingJobSpec) -> Verdict | None:
     """The part of the review that needs nothing from the cluster (`embedjob render` runs it alone)."""
-    return check_source(spec.source.uri) or check_model(spec.model)
+    return (check_source(spec.source.uri) if spec.source.uri else None) or check_model(spec.model)
 
 
 def review(spec: api.EmbeddingJobSpec, secret: dict[str, Any] | None,

@@ -16,7 +16,7 @@ from typing import Any
 
 from embedjob import api
 from embedjob.api_pods import HEAD_CONTAINER, WORKER_CONTAINER
-from embedjob.contract import DATABASE_URL_ENV, driver_command
+from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, driver_command
 
 from .pod_templates import pod_template, submitter_template
 from .settings import Settings
@@ -90,9 +90,11 @@ def _worker_resources(workers: api.Workers, layout: WorkerLayout) -> dict[str, d
     return {"requests": requests, "limits": limits}
 
 
-def database_env(sink: api.Sink) -> list[dict[str, Any]]:
-    ref = sink.database_secret_ref
-    return [{"name": DATABASE_URL_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+def database_env(spec: api.EmbeddingJobSpec) -> list[dict[str, Any]]:
+    """The sink's database URL, and a table source's own database URL when it names one."""
+    refs = [(DATABASE_URL_ENV, spec.sink.database_secret_ref), (SOURCE_DATABASE_URL_ENV, spec.source.database_secret_ref)]
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+            for name, ref in refs if ref is not None]
 
 
 def labels(job: dict[str, Any]) -> dict[str, str]:
@@ -137,7 +139,7 @@ def _cluster_spec(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Set
             "rayStartParams": {"num-cpus": "0"},
             "template": pod_template({
                 "metadata": {"labels": labels(job)},
-                "spec": {"containers": [_container(HEAD_CONTAINER, image, database_env(spec.sink), HEAD_RESOURCES)]},
+                "spec": {"containers": [_container(HEAD_CONTAINER, image, database_env(spec), HEAD_RESOURCES)]},
             }, *_head_settings(spec, settings)),
         },
         "workerGroupSpecs": [
@@ -151,7 +153,7 @@ def _cluster_spec(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Set
                     "metadata": {"labels": labels(job)},
                     "spec": {
                         "containers": [
-                            _container(WORKER_CONTAINER, image, database_env(spec.sink),
+                            _container(WORKER_CONTAINER, image, database_env(spec),
                                        _worker_resources(spec.workers, layout))
                         ]
                     },

@@ -20,7 +20,7 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from .api_rules import LABEL_KEY, LABEL_VALUE, cel
 from .api_pods import Head
-from .api_sections import ApiModel, Batching, Model, Retry, Sink, Source, Workers
+from .api_sections import ApiModel, Batching, Model, Retry, Sink, Source, Sync, Workers
 
 GROUP = "embedjob.dev"
 VERSION = "v1alpha1"
@@ -89,6 +89,7 @@ class EmbeddingJobSpec(ApiModel):
     workers: Workers = Field(default_factory=Workers)
     sink: Sink
     retry: Retry = Field(default_factory=Retry)
+    sync: Sync = Field(default_factory=Sync)
     active_deadline_seconds: int | None = Field(
         None, ge=1, le=31_536_000,
         description="Seconds the whole job may run, from its start, before it is stopped and Failed "
@@ -163,3 +164,11 @@ class RunCounters(ApiModel):
     index_build_seconds: float | None = Field(
         None, ge=0, description="Seconds the run spent building the vector index (spec.sink.index) after the load; "
         "unset when it built none (none asked for, or the index existed already).")
+    records_new: int = Field(0, ge=0, description="Records embedded whose id had no vector for this model and "
+                             "revision in the collection (incremental runs; docs/table-source.md).")
+    records_changed: int = Field(0, ge=0, description="Records re-embedded because their text (content hash) "
+                                 "changed since their vector was written.")
+    records_unchanged: int = Field(0, ge=0, description="Records whose vector was already up to date: not sent to "
+                                   "the model, not written again (counted in recordsEmbedded).")
+    records_deleted: int = Field(0, ge=0, description="Vectors deleted at the end of the run because their id is no "
+                                 "longer in the source (sync.deleteMissing).")

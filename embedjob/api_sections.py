@@ -1,6 +1,7 @@
-"""The sections of the EmbeddingJob spec (source, model, batching, workers, sink, retry) and their base model.
+"""The sections of the EmbeddingJob spec (source, model, batching, workers, sink, retry, sync).
 
-`embedjob.api` assembles them into `EmbeddingJobSpec`. Every field has a description:
+`embedjob.api` assembles them into `EmbeddingJobSpec`; their base model is `embedjob.api_base.ApiModel`
+(re-exported here) and the table source's parts are in `embedjob.api_table`. Every field has a description:
 the CRD generated from these models (`embedjob.crd`) is what `kubectl explain` shows,
 with each field's default appended there.
 """
@@ -18,6 +19,7 @@ from .api_pods import WorkerPodTemplate
 from .api_rules import (
     CPU_STEP, CPU_STEP_RULE, GPU_SHARE_RULE, MIN_GPU_SHARE, MODEL_PATH_RULE, NOT_BLANK, TABLE_RULE, cel, ray_quantity,
 )
+from .api_table import SourceTable
 
 # A SQL identifier we are willing to interpolate (quoted) into DDL.
 SQL_IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"
@@ -30,10 +32,22 @@ class SourceFormat(str, Enum):
 
 
 class Source(ApiModel):
-    """Where the texts come from: one file, streamed record by record (never loaded whole)."""
+    """Where the texts come from: one file (uri) or one PostgreSQL table or view (table), streamed record by
+    record (never loaded whole)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("has(self.uri) != has(self.table)", "set exactly one of uri and table", ".uri"),
+                cel("!has(self.databaseSecretRef) || has(self.table)",
+                    "databaseSecretRef names the database of a table source; a file source has none",
+                    ".databaseSecretRef"),
+            ]
+        }
+    )
 
     uri: Annotated[
-        str,
+        str | None,
         Field(
             min_length=1,
             max_length=2048,
@@ -41,7 +55,7 @@ class Source(ApiModel):
             "absolute path in the worker image or on a volume mounted into the Ray pods (a relative path is "
             "refused: RelativeSourcePath). `embedjob run` also takes a path relative to the manifest's directory.",
         ),
-    ]
+    ] = None
     format: SourceFormat = Field(
         SourceFormat.jsonl, description="Input format: jsonl (one JSON object a line), csv (with a header row) or parquet."
     )
@@ -52,6 +66,18 @@ class Source(ApiModel):
     text_field: str = Field(
         "text", min_length=1, max_length=256, description="Field (column) holding the text to embed."
     )
+    table: SourceTable | None = Field(
+        None, description="A PostgreSQL table or view to embed instead of a file (docs/table-source.md).")
+    database_secret_ref: SecretKeyRef | None = Field(
+        None, description="Secret key holding the URL of the database the table is in. Unset: the sink's database.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Source":
+        if (self.uri is None) == (self.table is None):
+            raise ValueError("set exactly one of uri and table")
+        if self.database_secret_ref is not None and self.table is None:
+            raise ValueError("databaseSecretRef names the database of a table source; a file source has none")
+        return self
 
 
 class Model(ApiModel):
@@ -347,3 +373,13 @@ class Retry(ApiModel):
         """How many of `batches` may fail for good: the count, or the percent of them if that is more."""
         percent = self.failed_batches_tolerated_percent or 0
         return max(self.failed_batches_tolerated, math.floor(batches * percent / 100))
+
+
+class Sync(ApiModel):
+    """Keeping the vectors in step with the source across re-runs (docs/table-source.md)."""
+
+    delete_missing: bool = Field(
+        False,
+        description="At the end of a successful run, delete the vectors (this collection, model and revision) "
+        "of ids the source no longer holds: rows deleted or outside the filter, records gone from the file.",
+    )

@@ -29,6 +29,8 @@ POOLS_MODULE = "embedjob_worker.pools"
 CONFIG_FLAG = "--config-b64"
 
 DATABASE_URL_ENV = "EMBEDJOB_DATABASE_URL"
+# A table source's own database (spec.source.databaseSecretRef); unset: the sink's.
+SOURCE_DATABASE_URL_ENV = "EMBEDJOB_SOURCE_DATABASE_URL"
 # Test hook: JSON handed to every EmbeddingWorker actor (see embedjob_worker.actors).
 FAULT_INJECTION_ENV = "EMBEDJOB_FAULT_INJECTION"
 

@@ -78,6 +78,11 @@ runs = sa.Table(
     sa.Column("records_failed", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("texts_per_second", sa.Float, nullable=False, server_default="0"),
     sa.Column("index_build_seconds", sa.Float),  # set by a run that built the vector index (migration 0007)
+    # Incremental runs (migration 0008): what the run found new, changed, up to date, and deleted.
+    sa.Column("records_new", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("records_changed", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("records_unchanged", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("records_deleted", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("reason", sa.String(64)),  # CamelCase, e.g. TooManyFailedBatches; set when failed
     sa.Column("error", sa.Text),
     _ts("started_at", nullable=False, server_default=sa.func.now()),

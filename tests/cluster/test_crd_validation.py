@@ -14,6 +14,7 @@ from support.pod_settings import MALFORMED_POD_SETTINGS
 pytestmark = pytest.mark.k8s
 
 SELECTOR = {"ray.io/cluster": "shared"}
+TABLE = {"name": "docs", "idColumn": "id", "textColumn": "body"}
 
 # (case id, spec fields merged into a valid minimal spec, text the error must contain)
 MALFORMED = [
@@ -51,6 +52,17 @@ MALFORMED = [
     ("unknown-field", {"sourcee": {"uri": "x"}}, "sourcee"),
     # spec.head.template and spec.workers.template (docs/pod-settings.md)
     *((case, spec, field) for case, spec, field, _ in MALFORMED_POD_SETTINGS),
+    ("table-and-uri", {"source": {"table": TABLE}}, "spec.source.uri"),
+    ("table-name-injection", {"source": {"uri": None, "table": {**TABLE, "name": 'docs"; DROP TABLE x; --'}}},
+     "spec.source.table.name"),
+    ("table-column-too-long", {"source": {"uri": None, "table": {**TABLE, "idColumn": "c" * 64}}},
+     "spec.source.table.idColumn"),
+    ("filter-raw-sql-op", {"source": {"uri": None, "table": {**TABLE, "filter": [
+        {"column": "lang", "op": "= 'en' OR 1=1 --", "value": "x"}]}}}, "spec.source.table.filter[0].op"),
+    ("filter-in-without-values", {"source": {"uri": None, "table": {**TABLE, "filter": [
+        {"column": "lang", "op": "in", "value": "en"}]}}}, "spec.source.table.filter[0].values"),
+    ("source-database-for-a-file", {"source": {"databaseSecretRef": {"name": "cms-db"}}},
+     "spec.source.databaseSecretRef"),
 ]
 
 
@@ -82,6 +94,10 @@ def test_valid_variants_are_accepted(kube, namespace):
         "whole-gpus": {"workers": {"gpusPerActor": 2, "cpusPerActor": 4, "memory": "8Gi"}},
         "on-cluster": {"clusterSelector": {"ray.io/cluster": "shared-ray"}},
         "revision": {"model": {"package": None, "revision": "0123456789abcdef0123456789abcdef01234567"}},
+        "table-sync": {"source": {"uri": None, "databaseSecretRef": {"name": "cms-db"}, "table": {
+            **TABLE, "schema": "Sales_2026", "filter": [{"column": "lang", "op": "in", "values": ["en", "de"]},
+                                                        {"column": "deleted_at", "op": "isNull"}]}},
+                       "sync": {"deleteMissing": True}},
     }
     for name, spec in variants.items():
         kube.kubectl("apply", "-n", namespace, "-f", "-", input=ej_manifest(name, **spec))

@@ -20,7 +20,7 @@ from tqdm import tqdm  # noqa: E402
 from embedjob import db  # noqa: E402
 from embedjob.api import RunCounters, SpecError  # noqa: E402
 from embedjob.api_sections import IndexType, VectorIndex  # noqa: E402
-from embedjob.contract import DATABASE_URL_ENV, ExitCode  # noqa: E402
+from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, ExitCode  # noqa: E402
 
 from .config import JobConfig  # noqa: E402
 from .driver import unreachable_exit_code  # noqa: E402
@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--database-url", default=os.environ.get(DATABASE_URL_ENV),
                      help=f"PostgreSQL URL (default: ${DATABASE_URL_ENV}, else an embedded PostgreSQL)")
     run.add_argument("--new-run", action="store_true", help="start a new run although the input changed")
+    run.add_argument("--source-database-url", default=os.environ.get(SOURCE_DATABASE_URL_ENV),
+                     help="PostgreSQL URL of a table source's database (default: "
+                     f"${SOURCE_DATABASE_URL_ENV}, else the sink's database)")
     run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     run.add_argument("--verbose", "-v", action="store_true", help="log every batch (key=value lines on stderr)")
     run.add_argument("--index", choices=[t.value for t in IndexType],
@@ -96,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         url = args.database_url or _local_database(stack)
         # Log lines go above `embedjob run`'s progress bar, never into it.
-        configure_logging(secrets=[url], level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+        secrets = [url, getattr(args, "source_database_url", None) or ""]
+        configure_logging(secrets=secrets, level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                           write=lambda line: tqdm.write(line, file=sys.stderr))
         try:
             return _run(config, url, args) if args.command == "run" else _search(config, url, args)
@@ -121,6 +125,7 @@ def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     from .metrics import DriverMetrics
     from .run import DriverOptions, run_job
     from .source import count_records, resolve_uri
+    from .table_source import table_uri
 
     workers = config.spec.workers
     needed_cpus = workers.replicas * workers.cpus_per_actor
@@ -132,12 +137,15 @@ def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
         metrics.serve(args.metrics_port)
     spec = config.spec
     try:
-        total = count_records(resolve_uri(spec.source.uri, config.base_dir), spec.source.format)
+        # A table's rows are not counted ahead (a view may be costly to read twice): the bar counts up.
+        total = None if spec.source.table else count_records(resolve_uri(spec.source.uri, config.base_dir),
+                                                              spec.source.format)
     except OSError:
         total = None  # the driver refuses the job with SourceUnavailable and says why
     # Until the input has been read through, the batch count is estimated from the records.
     estimate = f"~{estimated_batches(total, spec.batching.batch_size, spec.batching.sort_window)}" if total else "?"
-    print(f"embedjob: {config.name}: {spec.source.uri} -> {mask_url(url)} table {spec.sink.table}, "
+    source = table_uri(spec.source.table) if spec.source.table else spec.source.uri
+    print(f"embedjob: {config.name}: {source} -> {mask_url(url)} table {spec.sink.table}, "
           f"collection {spec.sink.collection}", file=sys.stderr)
     with tqdm(total=total, unit="rec", desc=config.name, dynamic_ncols=True) as bar:
         def show(counters: RunCounters) -> None:
@@ -147,7 +155,8 @@ def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
             bar.set_postfix(batches=batches, texts_s=counters.texts_per_second, refresh=False)
 
         options = DriverOptions(new_run=args.new_run, metrics=metrics, on_progress=show,
-                                fault_injection=fault_injection_from_env())
+                                fault_injection=fault_injection_from_env(),
+                                source_database_url=args.source_database_url)
         try:
             summary = run_job(config, url, options)
         finally:
@@ -163,6 +172,8 @@ def _print_summary(summary) -> None:
         lines += [
             f"records embedded   {c.records_embedded} ({summary.records_truncated} truncated)",
             f"records failed     {c.records_failed}",
+            f"records by content {c.records_new} new, {c.records_changed} changed, {c.records_unchanged} unchanged,"
+            f" {c.records_deleted} deleted",
             f"batches            {c.batches_succeeded} succeeded ({summary.batches_skipped} already done),"
             f" {c.batches_failed} failed, {c.batches_total} total",
             f"throughput         {c.texts_per_second:.1f} texts/s",

@@ -4,7 +4,7 @@
                                      [--metrics-port N] [--new-run]
 
 connects only to the given Ray cluster (never starts one), reads the database URL from
-EMBEDJOB_DATABASE_URL and runs the job (embedjob_worker.run). Exit codes: 0 succeeded,
+EMBEDJOB_DATABASE_URL (a table source's own database from EMBEDJOB_SOURCE_DATABASE_URL) and runs the job (embedjob_worker.run). Exit codes: 0 succeeded,
 1 job failed (the run row says why), 2 invalid config, 3 Ray unreachable, 4 the
 database unreachable. See docs/driver.md.
 """
@@ -23,7 +23,9 @@ import time
 import ray
 
 from embedjob.api import SpecError
-from embedjob.contract import CONFIG_FLAG, DATABASE_URL_ENV, FAULT_INJECTION_ENV, ExitCode, decode_job_config
+from embedjob.contract import (
+    CONFIG_FLAG, DATABASE_URL_ENV, FAULT_INJECTION_ENV, SOURCE_DATABASE_URL_ENV, ExitCode, decode_job_config,
+)
 
 from .config import JobConfig
 from .errors import RayUnreachable, Unreachable
@@ -103,7 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     database_url = os.environ.get(DATABASE_URL_ENV, "")
-    configure_logging(secrets=[database_url])
+    source_database_url = os.environ.get(SOURCE_DATABASE_URL_ENV) or None
+    configure_logging(secrets=[database_url, source_database_url or ""])
     try:
         config = (JobConfig.from_file(args.config) if args.config
                   else JobConfig.from_manifest(decode_job_config(args.config_b64)))
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         metrics = DriverMetrics()
         if args.metrics_port:
             metrics.serve(args.metrics_port)
-        options = DriverOptions(new_run=args.new_run, metrics=metrics, fault_injection=fault_injection_from_env())
+        options = DriverOptions(new_run=args.new_run, metrics=metrics, fault_injection=fault_injection_from_env(),
+                                source_database_url=source_database_url)
         summary = run_job(config, database_url, options)
     except Unreachable as exc:
         log_event(log, "unreachable", logging.ERROR, error=str(exc))

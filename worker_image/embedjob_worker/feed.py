@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 
+import psycopg
+
 from embedjob.api import EmbeddingJobSpec
 
 from .batching import Batch, make_batches
@@ -12,7 +14,7 @@ from .errors import JobFailed
 from .metrics import DriverMetrics
 from .records import BadRecord, IdRegistry, RawRecord, Record, classify_records
 from .sink import DoneBatch
-from .source import read_records
+from .source import source_records
 from .tally import RunTally
 
 # Bad records are handed to the writer at least every this many, valid batches or not: a
@@ -22,10 +24,13 @@ BAD_RECORDS_GROUP = 1000
 
 def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: dict[str, DoneBatch], tally: RunTally,
                      metrics: DriverMetrics, on_bad_records: Callable[[list[BadRecord]], None],
-                     ids: IdRegistry | None = None) -> Iterator[Batch]:
+                     ids: IdRegistry | None = None, source_database_url: str | None = None,
+                     to_embed: Callable[[Batch], Batch | None] | None = None) -> Iterator[Batch]:
     """Stream the batches of valid records (batch ids derive from `key`), skipping those in
     `done_before` (the batches an earlier session of the job wrote, by id). `ids`
     decides duplicate ids (records.classify_records; the driver's keeps them in PostgreSQL).
+    A table source is read from `source_database_url`. `to_embed` keeps the part of a batch
+    the model still has to embed, None when nothing is left (incremental.IncrementalFeed).
 
     Bad records go to `on_bad_records` before the next batch, or once BAD_RECORDS_GROUP of
     them have piled up; once the input has been read through, the tally learns its totals.
@@ -52,7 +57,7 @@ def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: di
             bad.clear()
 
     source, batching = spec.source, spec.batching
-    raw = read_records(uri, source.format, source.id_field, source.text_field)
+    raw = source_records(source, uri, source_database_url)
     total = 0
     try:
         for batch in make_batches(valid(raw), batching.batch_size, batching.sort_window, key):
@@ -61,9 +66,13 @@ def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: di
             if batch.batch_id in done_before:
                 tally.skipped(done_before[batch.batch_id])
                 metrics.batches.labels("skipped").inc()
-            else:
+            elif to_embed is None:
                 yield batch
-    except (OSError, ValueError, KeyError) as exc:
+            elif (rest := to_embed(batch)) is not None:
+                yield rest
+            else:
+                metrics.batches.labels("skipped").inc()
+    except (OSError, ValueError, KeyError, psycopg.Error) as exc:
         raise JobFailed("SourceUnreadable", f"reading {uri}: {type(exc).__name__}: {exc}") from None
     hand_over_bad()
     tally.input_read(batches=total, records=next(positions))

@@ -1,16 +1,20 @@
 """Runs one embedding job: starts or resumes its run and wires lease, actors, feed, dispatch and writer.
 
 The steps (docs/driver.md, "What a run does"): migrate, resolve the model's revision
-and fingerprint the input, start or resume the run row, lease the shared pool if the
-job runs on one, start the actors and wait for their model, then stream the batches
-through the Dispatcher into the SinkWriter, and finally record how the run ended.
+and fingerprint the input, start or resume the run row, then stream the batches, each
+without the records whose vector is up to date (embedjob_worker.incremental); once the
+first batch needs the model, lease the shared pool if the job runs on one, start the
+actors and wait for their model, and run the batches through the Dispatcher into the
+SinkWriter. Finally delete the vectors of ids gone from the source if sync.deleteMissing
+says so, and record how the run ended.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 
@@ -19,20 +23,24 @@ import sqlalchemy as sa
 from embedjob.api import RunCounters
 from embedjob.db import SchemaBehind
 
-from .batching import batch_key
+from .batching import Batch, batch_key
 from .config import JobConfig, config_fingerprint, run_identity
 from .dispatch import Dispatcher
 from .errors import DB_ERRORS, JobFailed, Unreachable, retry_database, too_many_failed_batches
 from .feed import batches_to_embed
+from .incremental import (
+    IncrementalFeed, StoredHashes, delete_missing, forget_seen_ids, latest_run_succeeded, resumed_counts, run_batch_ids,
+)
 from .lease import PoolLease
 from .logs import log_event
 from .metrics import DriverMetrics
 from .model import ResolvedModel, resolve_model
 from .pools import pool_name, shared_cluster
 from .seen_ids import SeenIds
-from .sink import PostgresSink, content_salt
+from .sink import PostgresSink, RunStart, content_salt
 from .snapshot import InputSnapshot, input_snapshot
 from .source import resolve_uri
+from .table_source import table_snapshot, table_uri
 from .tally import RunSummary, RunTally
 from .vector_index import check_indexable, ensure_index, metric_for
 from .workers import ActorSet, check_model
@@ -53,11 +61,14 @@ class DriverOptions:
     hung_batch_floor_s: float = 60.0
     # A second driver of a job waits this long for the first one's lock, then refuses (JobAlreadyRunning).
     job_lock_wait_s: float = 600.0
+    # Where a table source is read (spec.source.databaseSecretRef); None: the sink's database.
+    source_database_url: str | None = None
 
 
 class JobRun:
     def __init__(self, config: JobConfig, database_url: str, options: DriverOptions):
         self.config, self.spec, self.options = config, config.spec, options
+        self.source_database_url = options.source_database_url or database_url
         self.metrics = options.metrics or DriverMetrics()
         self.tally = RunTally()
         self.started = time.monotonic()
@@ -84,8 +95,11 @@ class JobRun:
             resolved, uri, snapshot = self._resolve_inputs()
             identity = run_identity(self.spec, resolved.revision)
             config_fp = config_fingerprint(identity)
+            # A table's rows change by design: each sync after a finished one is a run of its own (docs/table-source.md).
+            new_run = self.options.new_run or (self.spec.source.table is not None
+                                               and latest_run_succeeded(self.sink.engine, self.config.job_key))
             start = self.sink.start_run(self.config.name, self.config.namespace, resolved.name, resolved.revision,
-                                        snapshot.fingerprint, config_fp, self.options.new_run, identity,
+                                        snapshot.fingerprint, config_fp, new_run, identity,
                                         snapshot.record(), self.config.how_to_start_anew)
         except JobFailed as failure:
             return self._refused(failure)
@@ -93,7 +107,11 @@ class JobRun:
         log_event(log, "run_started", job=self.config.job_key, run=start.run_id, resumed=start.resumed,
                   model=resolved.name, revision=resolved.revision, source=uri)
         try:
-            failure = self._embed(resolved, uri, batch_key(snapshot.fingerprint, config_fp), start.run_id)
+            failure = self._embed(resolved, uri, batch_key(snapshot.fingerprint, config_fp), start)
+            if failure is None and self.spec.sync.delete_missing:
+                self.tally.deleted(retry_database(lambda: delete_missing(
+                    self.sink.engine, self.spec.sink.table, self.spec.sink.collection, resolved.name,
+                    resolved.revision, start.run_id), "delete_missing"))
             failure = failure or self._build_index()
         except Unreachable:
             raise
@@ -111,28 +129,59 @@ class JobRun:
 
     def _resolve_inputs(self) -> tuple[ResolvedModel, str, InputSnapshot]:
         """Model revision and input fingerprint; failing either is recorded as a refused run."""
-        uri = resolve_uri(self.spec.source.uri, self.config.base_dir)
+        table = self.spec.source.table
+        uri = table_uri(table) if table else resolve_uri(self.spec.source.uri, self.config.base_dir)
         try:
             resolved = resolve_model(self.spec.model)
         except (OSError, ValueError) as exc:
             failure = JobFailed("ModelUnavailable", f"spec.model: {exc}")
         else:
             try:
-                return resolved, uri, input_snapshot(uri)
+                return resolved, uri, table_snapshot(table) if table else input_snapshot(uri)
             except (OSError, ValueError) as exc:
-                failure = JobFailed("SourceUnavailable", f"spec.source.uri {uri}: {type(exc).__name__}: {exc}")
+                failure = JobFailed("SourceUnavailable", f"spec.source {uri}: {type(exc).__name__}: {exc}")
         self.sink.record_refused_start(self.config.name, self.config.namespace, self.spec.model.name,
                                        failure.reason, str(failure))
         raise failure
 
-    def _embed(self, resolved: ResolvedModel, uri: str, key: str, run_id: str) -> JobFailed | None:
+    def _embed(self, resolved: ResolvedModel, uri: str, key: str, start: RunStart) -> JobFailed | None:
         """Embed and write every batch still to do; why the run failed, or None."""
+        spec, run_id = self.spec, start.run_id
+        run_batches = run_batch_ids(self.sink.engine, self.config.job_key, run_id) if start.resumed else set()
+        if start.resumed:
+            self.tally.resumed(*resumed_counts(self.sink.engine, run_id))
+            if spec.source.table:
+                forget_seen_ids(self.sink.engine, run_id)
+        # Batches are skipped by id only within the run (a new run's vectors may have been deleted
+        # since), and never for a table: its batch ids name rows, and rows change between sessions.
+        done_before = {} if spec.source.table else {
+            batch_id: done for batch_id, done in self.sink.succeeded_batches().items() if batch_id in run_batches}
+        failure: JobFailed | None = None
+        with ExitStack() as cleanup:
+            writer = SinkWriter(self.sink, run_id, self.tally)
+            cleanup.callback(writer.close)  # drains what is queued
+            try:
+                stored = StoredHashes(self.sink.engine, spec.sink.table, spec.sink.collection, resolved.name,
+                                      resolved.revision, self.sink.salt)
+                batches = batches_to_embed(spec, uri, key, done_before, self.tally, self.metrics,
+                                           writer.put_bad_records, SeenIds(self.sink.engine, run_id),
+                                           self.source_database_url,
+                                           IncrementalFeed(stored, run_batches, self.tally).to_embed)
+                # No actor starts (nor model loads) before a batch needs one: an unchanged re-run starts none.
+                first = next(batches, None)
+                failure = (self._outcome_failure(0) if first is None else
+                           self._dispatch(resolved, itertools.chain([first], batches), writer, len(done_before)))
+            except JobFailed as exc:
+                failure = exc
+        return writer.failure() or failure
+
+    def _dispatch(self, resolved: ResolvedModel, batches: Iterator[Batch], writer: SinkWriter,
+                  skipping: int) -> JobFailed | None:
+        """Start the actors (on a leased shared pool if the job has one) and run every batch through them."""
         spec = self.spec
-        done_before = self.sink.succeeded_batches()
         cluster = shared_cluster(self.config)
         shared_pool = pool_name(resolved, spec.workers.cpus_per_actor, spec.workers.gpus_per_actor) if cluster else None
-        failure: JobFailed | None = None
-        with ExitStack() as cleanup:  # on the way out: the writer drains, the actors go, the lease is released
+        with ExitStack() as cleanup:  # on the way out: the actors go, then the lease is released
             lease = None
             if shared_pool:
                 # Leased before any actor is touched, so the operator never removes the pool under us.
@@ -140,17 +189,9 @@ class JobRun:
                 cleanup.callback(lease.release)
             actors = ActorSet(self.config, resolved, self.options.fault_injection, lease)
             cleanup.callback(actors.shutdown)
-            writer = SinkWriter(self.sink, run_id, self.tally)
-            cleanup.callback(writer.close)
-            try:
-                dispatcher = self._dispatcher(actors, resolved, len(done_before))
-                batches = batches_to_embed(spec, uri, key, done_before, self.tally, self.metrics,
-                                           writer.put_bad_records, SeenIds(self.sink.engine, run_id))
-                dispatcher.run(batches, writer, self._report)
-                failure = dispatcher.failure or self._outcome_failure(dispatcher.failed_batches)
-            except JobFailed as exc:
-                failure = exc
-        return writer.failure() or failure
+            dispatcher = self._dispatcher(actors, resolved, skipping)
+            dispatcher.run(batches, writer, self._report)
+            return dispatcher.failure or self._outcome_failure(dispatcher.failed_batches)
 
     def _build_index(self) -> JobFailed | None:
         """After a successful load: the HNSW index spec.sink.index asks for, unless the table has it already."""

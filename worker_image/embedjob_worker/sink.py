@@ -111,6 +111,11 @@ def content_salt(normalize: bool, max_seq_length: int | None) -> bytes:
     return f"normalize={normalize};max_seq_length={max_seq_length}\x00".encode()
 
 
+def content_hash(salt: bytes, text: bytes) -> str:
+    """A vector row's content_hash: sha256 of the salt and the UTF-8 text, hex."""
+    return hashlib.sha256(salt + text).hexdigest()
+
+
 def copy_payload(outcomes: list[BatchOutcome], salt: bytes, vector_type: str = "vector") -> bytes:
     """PostgreSQL binary COPY data for the staging table (pgvector's binary `vector` or `halfvec` format)."""
     dtype = _BINARY_DTYPES[vector_type]
@@ -129,8 +134,7 @@ def copy_payload(outcomes: list[BatchOutcome], salt: bytes, vector_type: str = "
         for record, vector in zip(outcome.records, vectors):
             record_id = record.id.encode()
             text = record.text.encode()
-            content_hash = hashlib.sha256(salt + text).hexdigest().encode()
-            parts += (struct.pack(">hi", 5, len(record_id)), record_id, _HASH_FIELD, content_hash,
+            parts += (struct.pack(">hi", 5, len(record_id)), record_id, _HASH_FIELD, content_hash(salt, text).encode(),
                       vector_prefix, vector.tobytes(), struct.pack(">i", len(text)), text, batch_field)
     parts.append(_COPY_TRAILER)
     return b"".join(parts)

@@ -1,4 +1,4 @@
-"""Streaming readers for the job's input: JSONL, CSV and Parquet, local or via fsspec.
+"""Streaming readers for the job's input: JSONL, CSV and Parquet, local or via fsspec (a table: table_source).
 
 Nothing here loads a whole file: JSONL and CSV are read line by line, Parquet batch by
 batch (pyarrow `iter_batches`), and a line over MAX_RECORD_BYTES is skipped in bounded
@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import IO
 
 import fsspec
+
+from embedjob.api import Source
 
 from .records import MAX_RECORD_BYTES, BadReason, RawRecord
 
@@ -66,6 +68,15 @@ def resolve_uri(uri: str, base_dir: Path | None) -> str:
     if "://" in uri or base_dir is None or Path(uri).is_absolute():
         return uri
     return str((base_dir / uri).resolve())
+
+
+def source_records(source: Source, uri: str, database_url: str | None) -> Iterator[RawRecord]:
+    """The records of spec.source: its file at `uri`, or its table (read from `database_url`)."""
+    if source.table is not None:
+        from .table_source import read_table_records  # psycopg: only table sources need it
+
+        return read_table_records(database_url, source.table)
+    return read_records(uri, source.format, source.id_field, source.text_field)
 
 
 def read_records(uri: str, fmt: str, id_field: str, text_field: str) -> Iterator[RawRecord]:

@@ -28,6 +28,11 @@ class RunTally:
         self.batches_skipped = self.records_skipped = self.truncated_skipped = 0
         self.batches_succeeded = self.batches_failed = 0  # committed in this session
         self.records_embedded = self.records_failed = 0
+        # Incremental runs (embedjob_worker.incremental): new and changed records of committed batches
+        # (from the run row when the run is resumed), those of batches not yet committed by batch id,
+        # records whose vector was up to date, and vectors deleted at the end.
+        self.records_new = self.records_changed = self.records_unchanged = self.records_deleted = 0
+        self._classified: dict[str, tuple[int, int]] = {}
         self._embedding_started: float | None = None
 
     def start_embedding(self) -> None:
@@ -46,6 +51,28 @@ class RunTally:
             self.records_skipped += done.records_embedded
             self.truncated_skipped += done.records_truncated
 
+    def resumed(self, new: int, changed: int) -> None:
+        """A resumed run's new and changed records, as its earlier sessions committed them."""
+        with self._lock:
+            self.records_new, self.records_changed = new, changed
+
+    def classified(self, batch_id: str, new: int, changed: int) -> None:
+        """A batch about to be embedded holds this many new and changed records."""
+        with self._lock:
+            self._classified[batch_id] = (new, changed)
+
+    def up_to_date(self, unchanged: int, already_written: int, whole_batch: bool) -> None:
+        """Records not sent to the model: unchanged since an earlier run, or written earlier in this one;
+        `whole_batch`: none of the batch's records was left to embed."""
+        with self._lock:
+            self.records_unchanged += unchanged
+            self.records_skipped += already_written
+            self.batches_skipped += whole_batch
+
+    def deleted(self, vectors: int) -> None:
+        with self._lock:
+            self.records_deleted += vectors
+
     def rejected(self, records: int) -> None:
         """Bad records, failed before embedding."""
         with self._lock:
@@ -59,14 +86,19 @@ class RunTally:
         with self._lock:
             embedded = self.records_embedded + sum(len(o.records) for o in succeeded)
             elapsed = time.monotonic() - self._embedding_started if self._embedding_started else 0.0
+            pending_new = [self._classified.get(o.batch_id, (0, 0)) for o in succeeded]
             return RunCounters(
                 batches_total=self.batches_total,
                 batches_succeeded=self.batches_skipped + self.batches_succeeded + len(succeeded),
                 batches_failed=self.batches_failed + len(failed),
                 records_total=self.records_total,
-                records_embedded=self.records_skipped + embedded,
+                records_embedded=self.records_skipped + self.records_unchanged + embedded,
                 records_failed=self.records_failed + sum(len(o.records) for o in failed),
                 texts_per_second=round(embedded / elapsed, 2) if elapsed > 0 else 0.0,
+                records_new=self.records_new + sum(new for new, _ in pending_new),
+                records_changed=self.records_changed + sum(changed for _, changed in pending_new),
+                records_unchanged=self.records_unchanged,
+                records_deleted=self.records_deleted,
             )
 
     def commit(self, outcomes: Iterable[BatchOutcome]) -> None:
@@ -74,9 +106,12 @@ class RunTally:
         outcomes = list(outcomes)
         with self._lock:
             for o in outcomes:
+                new, changed = self._classified.pop(o.batch_id, (0, 0))
                 if o.state == "succeeded":
                     self.batches_succeeded += 1
                     self.records_embedded += len(o.records)
+                    self.records_new += new
+                    self.records_changed += changed
                 else:
                     self.batches_failed += 1
                     self.records_failed += len(o.records)

