@@ -1,4 +1,4 @@
-"""Reading the repository's Dockerfiles: instructions, base image, final user, pip installs."""
+"""Reading the repository's Dockerfiles: instructions, build args, base image, copied sources, final user, pip installs."""
 
 from __future__ import annotations
 
@@ -39,19 +39,44 @@ def parse_dockerfile(path: Path) -> list[Instruction]:
 
 
 def build_arg_defaults(instructions: list[Instruction]) -> dict[str, str]:
+    """Each ARG's default as written; a bare `ARG NAME` (a stage re-declaring a global) keeps the earlier one."""
     defaults = {}
     for ins in instructions:
         if ins.keyword == "ARG":
-            name, _, default = ins.arguments.partition("=")
-            defaults[name] = default.strip('"')
+            name, has_default, default = ins.arguments.partition("=")
+            if has_default or name not in defaults:
+                defaults[name] = default.strip('"')
     return defaults
 
 
-def base_image(instructions: list[Instruction]) -> str:
-    """The (last) FROM image with the build args' defaults substituted."""
-    defaults = build_arg_defaults(instructions)
+ARG_REFERENCE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
+
+
+def expand_args(text: str, values: dict[str, str]) -> str:
+    """``text`` with ${NAME}/$NAME replaced from ``values``, repeatedly (an ARG's default may name another ARG)."""
+    for _ in range(len(values) + 1):
+        expanded = ARG_REFERENCE.sub(lambda m: values[m.group(1) or m.group(2)], text)
+        if expanded == text:
+            return text
+        text = expanded
+    raise ValueError(f"build arguments refer to each other in a loop: {text}")
+
+
+def base_image(instructions: list[Instruction], build_args: dict[str, str] | None = None) -> str:
+    """The (last) FROM image with the build args' defaults (overridden by ``build_args``) substituted."""
+    values = build_arg_defaults(instructions) | (build_args or {})
     (image,) = [ins.arguments.split()[0] for ins in instructions if ins.keyword == "FROM"]
-    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: defaults[m.group(1) or m.group(2)], image)
+    return expand_args(image, values)
+
+
+def copy_sources(instructions: list[Instruction]) -> list[str]:
+    """The build-context paths the COPY instructions read (what an image's content depends on)."""
+    sources = []
+    for ins in instructions:
+        if ins.keyword == "COPY":
+            words = [w for w in ins.arguments.split() if not w.startswith("--")]
+            sources += words[:-1]
+    return sources
 
 
 def final_user(instructions: list[Instruction]) -> str:

@@ -71,6 +71,7 @@ def test_every_chart_value_the_docs_set_exists():
 def test_every_docker_build_names_a_dockerfile_and_its_build_arguments():
     builds = [c for c in doc_commands("docker") if c.argv[1:2] == ["build"]]
     assert builds
+    builds += [c for c in doc_commands("buildah") if c.argv[1:2] in (["bud"], ["build"])]
     for build in builds:
         declared = set(build_arg_defaults(parse_dockerfile(REPO / build.argv[build.argv.index("-f") + 1])))
         given = {build.argv[i + 1].split("=", 1)[0] for i, w in enumerate(build.argv) if w == "--build-arg"}
