@@ -6,10 +6,12 @@ The Helm chart sets these variables; their names are a contract (docs/operator.m
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Mapping
 
+from embedjob.api import DNS_LABEL
 from embedjob.contract import DATABASE_URL_ENV, POOL_LEASE_EXPIRY_SECONDS
 
 
@@ -45,6 +47,7 @@ class Settings:
     pool_idle_seconds: float  # a pool no job leases is removed after this long (docs/pools.md)
     pool_sweep_seconds: float
     pool_lease_expiry_seconds: float  # a lease whose heartbeat is older is no longer live
+    default_queue_name: str | None = None  # the Kueue LocalQueue of jobs that name none (docs/kueue.md)
 
     @property
     def clusterwide(self) -> bool:
@@ -70,6 +73,10 @@ class Settings:
         log_format = text("EMBEDJOB_LOG_FORMAT", "json").lower()
         if log_format not in ("json", "plain"):
             raise SettingsError(f"EMBEDJOB_LOG_FORMAT={log_format!r} must be json or plain")
+        default_queue = env.get("EMBEDJOB_DEFAULT_QUEUE_NAME", "").strip() or None
+        if default_queue is not None and not (len(default_queue) <= 63 and re.fullmatch(DNS_LABEL, default_queue)):
+            raise SettingsError(f"EMBEDJOB_DEFAULT_QUEUE_NAME={default_queue!r} is not a LocalQueue name "
+                                "(a DNS label: lowercase letters, digits and '-', at most 63 characters)")
         namespaces = tuple(ns.strip() for ns in env.get("EMBEDJOB_WATCH_NAMESPACES", "").split(",") if ns.strip())
         return cls(
             watch_namespaces=namespaces,
@@ -86,4 +93,5 @@ class Settings:
             pool_sweep_seconds=number("EMBEDJOB_POOL_SWEEP_SECONDS", 60.0, 0.1),
             # Drivers heartbeat every 5 s; a minute of silence is a dead driver, not a slow one.
             pool_lease_expiry_seconds=number("EMBEDJOB_POOL_LEASE_EXPIRY_SECONDS", POOL_LEASE_EXPIRY_SECONDS, 1),
+            default_queue_name=default_queue,
         )
