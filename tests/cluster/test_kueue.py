@@ -158,9 +158,11 @@ def test_a_job_waits_queued_is_admitted_when_quota_frees_and_is_preempted_then_r
         assert readmitted["startTime"] == preempted["startTime"]
         assert [rj["metadata"]["name"] for rj in rayjobs(kube, namespace)].count(readmitted["rayJobName"]) == 1
         log.poll()
+    except Exception:
+        sys.stderr.write(kube.kubectl("get", "ej,rayjobs", "-n", namespace, "-o", "yaml", check=False).stdout[-20000:])
+        raise
     finally:
         log.dump()
-        sys.stderr.write(kube.kubectl("get", "ej,rayjobs", "-n", namespace, "-o", "yaml", check=False).stdout[-20000:])
 
     second_states = " | ".join(log.states_of(second_rayjob["metadata"]["name"]))
     assert "QuotaReserved=False(Pending)" in second_states and "Admitted=True" in second_states
