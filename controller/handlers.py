@@ -22,7 +22,7 @@ import kopf
 
 from embedjob import api
 
-from . import metrics, reconcile
+from . import metrics, queueing, reconcile
 from .acceptance import Verdict
 from .rayjob import LABEL_JOB_UID, LABEL_MANAGED_BY, MANAGED_BY, RAY_GROUP, RAY_PLURAL, RAY_VERSION
 from .release import RELEASED
@@ -61,7 +61,8 @@ async def rayjobs_by_job(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict
         return None
     return {
         uid: {
-            "metadata": {"name": body.metadata.name, "ownerReferences": body.metadata.get("ownerReferences", [])},
+            "metadata": {"name": body.metadata.name, "ownerReferences": body.metadata.get("ownerReferences", []),
+                         "labels": queueing.kueue_labels_of(labels)},
             "spec": {"suspend": body.spec.get("suspend", False)},
             "status": copy.deepcopy(dict(body.status)),
         }

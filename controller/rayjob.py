@@ -19,6 +19,7 @@ from embedjob.api_pods import HEAD_CONTAINER, WORKER_CONTAINER
 from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, driver_command
 
 from .pod_templates import pod_template, submitter_template
+from .queueing import queue_labels
 from .settings import Settings
 
 RAY_API_VERSION = "ray.io/v1"
@@ -167,11 +168,13 @@ def build_rayjob(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Sett
     """The RayJob manifest for the EmbeddingJob `job` (a dict with metadata and spec); `spec` is
     its spec as the operator parsed it once (the entrypoint carries the spec as written)."""
     meta = job["metadata"]
+    in_queue = queue_labels(spec, settings)
     rayjob_spec: dict[str, Any] = {
         "entrypoint": entrypoint(job),
         "submissionMode": "K8sJobMode",
         "backoffLimit": spec.retry.backoff_limit,
-        "suspend": spec.suspend,
+        # Kueue admits a queued RayJob by unsuspending it.
+        "suspend": spec.suspend or bool(in_queue),
     }
     if spec.active_deadline_seconds is not None:
         rayjob_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
@@ -194,7 +197,7 @@ def build_rayjob(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Sett
         "metadata": {
             "name": rayjob_name(meta["name"], meta["uid"]),
             "namespace": meta["namespace"],
-            "labels": labels(job),
+            "labels": {**labels(job), **in_queue},
             "ownerReferences": [owner_reference(job)],
         },
         "spec": rayjob_spec,

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from kubernetes.client.exceptions import ApiException
 
-from . import acceptance, metrics, status, waiting
+from . import acceptance, metrics, queueing, status, waiting
 from .acceptance import ACCEPTED, Verdict
 from .kube import CONFLICT, KubeApi
 from .metrics import JobStates
@@ -87,7 +87,7 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
         secret = await ctx.kube.read_secret(meta["namespace"], parsed.sink.database_secret_ref.name)
         shared = acceptance.selected_cluster(parsed)
         raycluster = await ctx.kube.get_raycluster(meta["namespace"], shared) if shared else None
-        verdict = acceptance.review(parsed, secret, raycluster)
+        verdict = queueing.refusal(parsed, ctx.settings) or acceptance.review(parsed, secret, raycluster)
         if not verdict.accepted:
             return verdict
         if not status.accepted(job.get("status") or {}) and not await accept(job):
@@ -97,7 +97,8 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
             return Verdict(False, "RayJobConflict",
                            f"RayJob {rayjob['metadata']['name']!r} exists and is not owned by this job")
     suspend = bool(spec.get("suspend"))
-    if bool((rayjob.get("spec") or {}).get("suspend")) != suspend:
+    # Kueue owns a queued RayJob's suspend (it unsuspends an admitted one).
+    if queueing.queue_of(rayjob) is None and bool((rayjob.get("spec") or {}).get("suspend")) != suspend:
         await ctx.kube.set_rayjob_suspend(meta["namespace"], rayjob["metadata"]["name"], suspend)
     return ACCEPTED
 

@@ -8,6 +8,7 @@ EMBEDJOB_POD_DEFAULTS (YAML or JSON) or the file EMBEDJOB_POD_DEFAULTS_FILE name
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Mapping
@@ -15,7 +16,7 @@ from typing import Mapping
 import yaml
 from pydantic import ValidationError
 
-from embedjob.api import SpecError
+from embedjob.api import DNS_LABEL, SpecError
 from embedjob.api_pods import PodDefaults
 from embedjob.contract import DATABASE_URL_ENV, POOL_LEASE_EXPIRY_SECONDS
 
@@ -56,6 +57,7 @@ class Settings:
     pool_sweep_seconds: float
     pool_lease_expiry_seconds: float  # a lease whose heartbeat is older is no longer live
     pod_defaults: PodDefaults = field(default_factory=PodDefaults)  # merged under each job's pod settings
+    default_queue_name: str | None = None  # the Kueue LocalQueue of jobs that name none (docs/kueue.md)
 
     @property
     def clusterwide(self) -> bool:
@@ -81,6 +83,10 @@ class Settings:
         log_format = text("EMBEDJOB_LOG_FORMAT", "json").lower()
         if log_format not in ("json", "plain"):
             raise SettingsError(f"EMBEDJOB_LOG_FORMAT={log_format!r} must be json or plain")
+        default_queue = env.get("EMBEDJOB_DEFAULT_QUEUE_NAME", "").strip() or None
+        if default_queue is not None and not (len(default_queue) <= 63 and re.fullmatch(DNS_LABEL, default_queue)):
+            raise SettingsError(f"EMBEDJOB_DEFAULT_QUEUE_NAME={default_queue!r} is not a LocalQueue name "
+                                "(a DNS label: lowercase letters, digits and '-', at most 63 characters)")
         namespaces = tuple(ns.strip() for ns in env.get("EMBEDJOB_WATCH_NAMESPACES", "").split(",") if ns.strip())
         return cls(
             watch_namespaces=namespaces,
@@ -98,6 +104,7 @@ class Settings:
             # Drivers heartbeat every 5 s; a minute of silence is a dead driver, not a slow one.
             pool_lease_expiry_seconds=number("EMBEDJOB_POOL_LEASE_EXPIRY_SECONDS", POOL_LEASE_EXPIRY_SECONDS, 1),
             pod_defaults=pod_defaults_from_env(env),
+            default_queue_name=default_queue,
         )
 
 

@@ -22,12 +22,15 @@ from embedjob.api import ApiModel, RunCounters
 from embedjob.api_status import Condition, EmbeddingJobStatus, JobState, Progress
 from embedjob.contract import EXIT_REASONS, LOGS_HINT
 
+from . import queueing
 from .acceptance import ACCEPTED, Verdict
 from .rayjob import LABEL_JOB_NAME
 from .run_reader import RunRow
 from .waiting import STUCK_REASONS, Waiting
 
 CONDITION_TYPES = ("Accepted", "Running", "Complete", "Failed", "Suspended")
+# Only a job in a Kueue queue has it (controller.queueing).
+QUEUED_CONDITION = "Queued"
 FINAL_STATES = (JobState.complete.value, JobState.failed.value)
 MAX_MESSAGE = 1024
 MAX_MIRRORED_MESSAGE = 4096
@@ -191,6 +194,9 @@ def phase(current: dict[str, Any], obs: Observation) -> Phase:
 
     status = obs.rayjob.get("status") or {}
     deployment, job_status = status.get("jobDeploymentStatus", ""), status.get("jobStatus", "")
+    in_queue = queueing.phase_in_queue(obs.rayjob, has_started=bool(_stored(current, "start_time")))
+    if in_queue is not None:
+        return Phase(in_queue.state, in_queue.reason, in_queue.message)
     if deployment == "ValidationFailed":
         return Phase(JobState.failed.value, "RayJobValidationFailed", _short(status.get("message")))
     if deployment in ("Complete", "Failed"):
@@ -238,7 +244,8 @@ def _conditions(current: dict[str, Any], ph: Phase, verdict: Verdict | None, obs
     else:
         accepted = ("True" if verdict.accepted else "False", verdict.reason, verdict.message)
     conditions = [_condition(current, "Accepted", *accepted, obs.generation, obs.now)]
-    for type_ in CONDITION_TYPES[1:]:
+    queued = queueing.queue_of(obs.rayjob) or find_condition(current, QUEUED_CONDITION)
+    for type_ in CONDITION_TYPES[1:] + ((QUEUED_CONDITION,) if queued else ()):
         holds = ph.state == type_
         # A pending job's Running condition says what it waits for.
         explains = holds or (type_ == "Running" and ph.state == JobState.pending.value)
@@ -271,6 +278,15 @@ def _mirror(current: dict[str, Any], rayjob: dict[str, Any] | None) -> dict[str,
     return {"ray_job_name": rayjob["metadata"]["name"], **mirror}
 
 
+def _start_time(ph: Phase, obs: Observation) -> str | None:
+    """KubeRay's (when the RayJob began initializing); for a job in a Kueue queue, when it was
+    first seen admitted (KubeRay's marks when it was queued)."""
+    if queueing.queue_of(obs.rayjob):
+        return None if ph.state == JobState.queued.value else obs.now
+    mirrored = (obs.rayjob or {}).get("status") or {}
+    return mirrored.get("startTime") or (obs.now if ph.state == JobState.running.value else None)
+
+
 def desired_status(current: dict[str, Any], obs: Observation) -> dict[str, Any] | None:
     """The whole status the job should have (wire form); None while nothing is known about it yet."""
     verdict = _known_verdict(current, obs)
@@ -285,8 +301,7 @@ def desired_status(current: dict[str, Any], obs: Observation) -> dict[str, Any] 
         conditions=_conditions(current, ph, verdict, obs),
         **_mirror(current, obs.rayjob),
         progress=progress_of(obs.run) if obs.run else _stored(current, "progress"),
-        start_time=_stored(current, "start_time") or mirrored.get("startTime")
-        or (obs.now if ph.state == JobState.running.value else None),
+        start_time=_stored(current, "start_time") or _start_time(ph, obs),
         completion_time=_stored(current, "completion_time")
         or ((mirrored.get("endTime") or obs.now) if ph.state in FINAL_STATES else None),
     )

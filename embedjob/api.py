@@ -37,6 +37,10 @@ DEFAULT_TTL_SECONDS_AFTER_FINISHED = 600
 
 # KubeRay selects the cluster of a RayJob by this label (utils.RayJobClusterSelectorKey).
 RAY_CLUSTER_SELECTOR_KEY = "ray.io/cluster"
+# A Kueue LocalQueue name (a label value on the RayJob: at most 63 characters).
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# A Kueue WorkloadPriorityClass name, also carried as a label value.
+DNS_SUBDOMAIN_LABEL_VALUE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 
 class EmbeddingJobSpec(ApiModel):
@@ -79,6 +83,19 @@ class EmbeddingJobSpec(ApiModel):
                     "clusterSelector",
                     ".clusterSelector",
                 ),
+                # Kueue admits a job's own RayCluster; a RayJob on an existing cluster is no Kueue workload.
+                cel(
+                    "!has(self.queueName) || !has(self.clusterSelector)",
+                    "a job in a Kueue queue (queueName) runs on its own cluster; unset clusterSelector",
+                    ".queueName",
+                ),
+                # Kueue starts and stops a queued job (it unsuspends an admitted one).
+                cel(
+                    "!has(self.queueName) || !self.suspend",
+                    "a job in a Kueue queue (queueName) is started and stopped by Kueue; unset suspend "
+                    "(deactivate its Workload to hold it: docs/kueue.md)",
+                    ".suspend",
+                ),
             ]
         }
     )
@@ -115,6 +132,17 @@ class EmbeddingJobSpec(ApiModel):
     head: Head | None = Field(
         None, description="The Ray head pod (which runs the driver): its pod settings and resources "
         "(docs/pod-settings.md). Not with clusterSelector.",
+    )
+    queue_name: str | None = Field(
+        None, min_length=1, max_length=63, pattern=DNS_LABEL,
+        description="The Kueue LocalQueue (in the job's namespace) to run in: the RayJob is created suspended with "
+        "the label kueue.x-k8s.io/queue-name and Kueue starts it once the queue's ClusterQueue admits it "
+        "(docs/kueue.md). Unset: the operator's default queue (chart value defaultQueueName), if any.",
+    )
+    workload_priority_class: str | None = Field(
+        None, min_length=1, max_length=63, pattern=DNS_SUBDOMAIN_LABEL_VALUE,
+        description="A Kueue WorkloadPriorityClass for the job in its queue (label kueue.x-k8s.io/priority-class): "
+        "it orders the queue and lets a job preempt lower-priority ones.",
     )
 
 

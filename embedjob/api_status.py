@@ -17,7 +17,7 @@ from embedjob.api import ApiModel, RunCounters
 class Condition(ApiModel):
     """One aspect of the job's state (metav1.Condition)."""
 
-    type: str = Field(max_length=316, description="Accepted, Running, Complete, Failed or Suspended.")
+    type: str = Field(max_length=316, description="Accepted, Running, Complete, Failed, Suspended or Queued.")
     status: str = Field(json_schema_extra={"enum": ["True", "False", "Unknown"]},
                         description="True, False or Unknown.")
     reason: str = Field(max_length=1024, description="Why, in one CamelCase word (e.g. SecretNotFound, JobRunning, "
@@ -33,6 +33,7 @@ class JobState(str, Enum):
     """One-word summary of the conditions, for printer columns and humans."""
 
     pending = "Pending"
+    queued = "Queued"
     running = "Running"
     suspended = "Suspended"
     complete = "Complete"
@@ -52,8 +53,8 @@ class EmbeddingJobStatus(ApiModel):
 
     observed_generation: int | None = Field(None, ge=0, description="The metadata.generation the operator last "
                                             "reviewed.")
-    state: JobState | None = Field(None, description="One-word summary of the conditions: Pending, Running, "
-                                   "Suspended, Complete or Failed.")
+    state: JobState | None = Field(None, description="One-word summary of the conditions: Pending, Queued (waiting "
+                                   "for Kueue to admit it), Running, Suspended, Complete or Failed.")
     reason: str | None = Field(
         None, max_length=1024, description="Reason of the condition behind `state`, e.g. SecretNotFound."
     )
@@ -62,7 +63,8 @@ class EmbeddingJobStatus(ApiModel):
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         description="The job's conditions, one of each type: Accepted (the review passed and the RayJob was "
-        "created), Running, Complete, Failed, Suspended; each with a reason and a message.",
+        "created), Running, Complete, Failed, Suspended, and Queued for a job in a Kueue queue; each with a "
+        "reason and a message.",
     )
     ray_job_name: str | None = Field(None, description="The RayJob the operator created for this job (same "
                                      "namespace); its submitter Job has the same name and its pod's log holds the "

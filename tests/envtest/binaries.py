@@ -29,9 +29,11 @@ BINARY_ENV = {
     "kube_apiserver": "EMBEDJOB_KUBE_APISERVER",
     "helm": "EMBEDJOB_HELM",
     "ray_operator": "EMBEDJOB_RAY_OPERATOR",
+    "kueue": "EMBEDJOB_KUEUE",
     "kubectl": "EMBEDJOB_KUBECTL",
 }
 CRDS_ENV = "EMBEDJOB_KUBERAY_CRDS"
+KUEUE_CRDS_ENV = "EMBEDJOB_KUEUE_CRDS"
 SKIP_ENV = "EMBEDJOB_ENVTEST_SKIP"
 
 
@@ -56,6 +58,8 @@ class Binaries:
     ray_operator: str
     kubectl: str
     kuberay_crds: str
+    kueue: str
+    kueue_crds: str
 
     def __getitem__(self, name: str) -> str:
         return getattr(self, name.replace("-", "_"))
@@ -67,8 +71,9 @@ class Binaries:
 def _binaries_from_env(env) -> Binaries | None:
     values = {attr: env.get(var, "") for attr, var in BINARY_ENV.items()}
     values["kuberay_crds"] = env.get(CRDS_ENV, "")
+    values["kueue_crds"] = env.get(KUEUE_CRDS_ENV, "")
     if all(values.values()) and all(os.access(values[a], os.X_OK) for a in BINARY_ENV) \
-            and Path(values["kuberay_crds"]).is_dir():
+            and Path(values["kuberay_crds"]).is_dir() and Path(values["kueue_crds"]).is_dir():
         return Binaries(**values)
     return None
 

@@ -18,8 +18,12 @@ Fixtures
 ``kuberay_operator`` (session)
     The real KubeRay operator running against ``kube``; a
     :class:`~envtest.kuberay.KubeRayOperator`.
+``kueue`` (session)
+    Kueue's controller manager (built from its Go module) with its CRDs, running its
+    RayJob integration against ``kube`` (webhooks served but not registered:
+    ``envtest/kueue.py`` says why); a :class:`~envtest.kueue.Kueue`.
 
-Tests that use ``kube``, ``namespace`` or ``kuberay_operator`` get the ``k8s`` marker.
+Tests that use ``kube``, ``namespace``, ``kuberay_operator`` or ``kueue`` get the ``k8s`` marker.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ import pytest
 from envtest.binaries import Binaries, find_binaries
 from envtest.control_plane import Kube, running_control_plane
 from envtest.kuberay import KubeRayOperator, running_kuberay_operator
+from envtest.kueue import Kueue, running_kueue
 
-K8S_FIXTURES = {"kube", "namespace", "kuberay_operator"}
+K8S_FIXTURES = {"kube", "namespace", "kuberay_operator", "kueue"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -96,3 +101,9 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
 def kuberay_operator(kube: Kube) -> Iterator[KubeRayOperator]:
     with running_kuberay_operator(kube) as operator:
         yield operator
+
+
+@pytest.fixture(scope="session")
+def kueue(kube: Kube) -> Iterator[Kueue]:
+    with running_kueue(kube, kube.bin.kueue, Path(kube.bin.kueue_crds)) as running:
+        yield running
