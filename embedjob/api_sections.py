@@ -1,6 +1,8 @@
-"""The sections of the EmbeddingJob spec (source, model, batching, workers, sink, retry) and their base model.
+"""The sections of the EmbeddingJob spec: source, model, batching, workers, sink, retry.
 
-`embedjob.api` assembles them into `EmbeddingJobSpec`. Every field has a description:
+`embedjob.api` assembles them into `EmbeddingJobSpec`; their base model is
+`embedjob.api_base.ApiModel`, the pod settings (`workers.template`, `head`) are
+`embedjob.api_pods`. Every field has a description:
 the CRD generated from these models (`embedjob.crd`) is what `kubectl explain` shows,
 with each field's default appended there.
 """
