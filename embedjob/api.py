@@ -3,7 +3,8 @@
 `EmbeddingJobSpec` is the one source of the CRD's spec schema; the controller validates
 and maps it to a RayJob and the driver parses the same model from the job config it is
 given. Its sections (source, model, batching, workers, sink, retry) live in
-`embedjob.api_sections` and are re-exported here. `RunCounters` is what the driver counts
+`embedjob.api_sections` and are re-exported here; the pod settings of the Ray head and
+workers in `embedjob.api_pods` (docs/pod-settings.md). `RunCounters` is what the driver counts
 in its run row and the operator shows as `status.progress` (the status model is
 `embedjob.api_status`). Field names are camelCase on the wire (Kubernetes convention) and
 snake_case in Python.

@@ -1,7 +1,8 @@
 """The sections of the EmbeddingJob spec (source, model, batching, workers, sink, retry, sync).
 
-`embedjob.api` assembles them into `EmbeddingJobSpec`; their base model is `embedjob.api_base.ApiModel`
-(re-exported here) and the table source's parts are in `embedjob.api_table`. Every field has a description:
+`embedjob.api` assembles them into `EmbeddingJobSpec`; their base model is `embedjob.api_base.ApiModel`,
+the table source's parts are in `embedjob.api_table` and the pod settings (`workers.template`, `head`)
+in `embedjob.api_pods`. Every field has a description:
 the CRD generated from these models (`embedjob.crd`) is what `kubectl explain` shows,
 with each field's default appended there.
 """

@@ -13,6 +13,7 @@ from controller.rayjob import HEAD_RESOURCES
 from controller.settings import Settings
 from embedjob import api, contract
 from embedjob.api_pod_volumes import RESERVED_ENV_PREFIX
+from embedjob.crd import spec_as_stored
 from embedjob.manifest import load_manifest
 from embedjob_worker.render import render
 from support.manifests import MINIMAL_SPEC, merged
@@ -223,3 +224,13 @@ def test_the_drivers_config_leaves_the_pod_settings_out():
     config = contract.decode_job_config(without["entrypoint"].rsplit(" ", 1)[-1])
     assert "head" not in config["spec"] and "template" not in config["spec"]["workers"]
     api.parse_spec(config["spec"])
+
+
+def test_optional_parts_get_no_schema_default():
+    """An unset optional object stays absent as stored: a `default: {}` would add every volume source (refused as
+    two sources) and a head to every job."""
+    stored = spec_as_stored(merged(MINIMAL_SPEC, {"workers": {"template": {"spec": {
+        "volumes": [{"name": "v", "emptyDir": {}}]}}}}))
+    assert "head" not in stored
+    assert stored["workers"]["template"] == {"spec": {"volumes": [{"name": "v", "emptyDir": {}}]}}
+    api.parse_spec(stored)
