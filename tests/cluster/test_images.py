@@ -212,3 +212,19 @@ def test_a_pod_whose_image_was_not_built_waits_in_image_pull_back_off(kube, real
     pod = real_node.wait_for_pod(namespace, "no-image", backing_off, what="ImagePullBackOff", timeout=90)
     assert "ErrImagePull" in reasons  # the first failed pull, before the back-off
     assert pod["status"]["phase"] == "Pending"
+
+
+def test_a_pod_runs_the_driver_from_the_worker_image_on_the_test_node(kube, real_node, namespace, worker_image):
+    kube.apply(json.dumps({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "driver-help", "namespace": namespace},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "main", "image": worker_image.reference,
+            "command": ["sh", "-c", f"id -u && python -m {DRIVER_MODULE} --help"]}]},
+    }), namespace=namespace)
+    done = real_node.wait_for_pod(namespace, "driver-help", lambda pod: pod.get("status", {}).get("phase") in
+                                  ("Succeeded", "Failed"), what="a final phase", timeout=300)
+    log = real_node.container_log(namespace, "driver-help", "main")
+    assert done["status"]["phase"] == "Succeeded", log[-3000:]
+    uid, *help_text = log.splitlines()
+    assert uid == image_config(worker_image.reference)["User"].split(":")[0] != "0"
+    assert "--config-b64" in "\n".join(help_text)
