@@ -43,6 +43,8 @@ def controller_image() -> Image:
 
 #: set to 1 to build the worker image when it is not cached (see the fixture)
 BUILD_WORKER_IMAGE_ENV = "EMBEDJOB_BUILD_WORKER_IMAGE"
+#: the first test to use the worker image may build it (the suite's default timeout is 15 minutes)
+worker_image_timeout = pytest.mark.timeout(2700)
 
 
 @pytest.fixture(scope="session")
@@ -128,6 +130,7 @@ def test_operator_from_its_image_serves_a_job_against_the_api_server(controller_
     assert "Traceback" not in log.read_text(errors="replace")
 
 
+@worker_image_timeout
 def test_worker_image_runs_as_non_root_and_has_no_compiler(worker_image):
     config = image_config(worker_image.reference)
     uid = int(config["User"].split(":")[0])
@@ -138,6 +141,7 @@ def test_worker_image_runs_as_non_root_and_has_no_compiler(worker_image):
     assert result.stdout.split() == [str(uid)], f"compilers in the worker image: {result.stdout.split()[1:]}"
 
 
+@worker_image_timeout
 def test_worker_image_runs_the_driver_entrypoint_the_operator_puts_into_rayjobs(worker_image):
     result = run_in_image(worker_image.reference, ["python", "-m", DRIVER_MODULE, "--help"], timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -148,6 +152,7 @@ def test_worker_image_runs_the_driver_entrypoint_the_operator_puts_into_rayjobs(
     assert versions.stdout.strip() == pinned_ray_version()
 
 
+@worker_image_timeout
 def test_image_sizes_are_reported(controller_image, worker_image, tmp_path):
     sizes = {image.name: image_size_bytes(image.reference) for image in (controller_image, worker_image)}
     lines = [f"{name} image: {size / 1e6:.0f} MB ({ref.reference})" for (name, size), ref
@@ -214,6 +219,7 @@ def test_a_pod_whose_image_was_not_built_waits_in_image_pull_back_off(kube, real
     assert pod["status"]["phase"] == "Pending"
 
 
+@worker_image_timeout
 def test_a_pod_runs_the_driver_from_the_worker_image_on_the_test_node(kube, real_node, namespace, worker_image):
     kube.apply(json.dumps({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "driver-help", "namespace": namespace},
