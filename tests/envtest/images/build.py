@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import ssl
 import subprocess
 import sys
@@ -56,18 +57,29 @@ class Image:
     built_seconds: float | None  #: None: it came from the cache
 
 
-def buildah(*args: str, timeout: float = 3600, **kwargs) -> subprocess.CompletedProcess:
-    argv = ["buildah", "--root", str(STORAGE), "--runroot", str(RUNROOT), "--storage-driver", "overlay", *args]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+BUILDAH = ["buildah", "--root", str(STORAGE), "--runroot", str(RUNROOT), "--storage-driver", "overlay"]
+
+
+def buildah(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
+    argv = [*BUILDAH, *args]
+    # its own process group: a build's RUN steps outlive a killed buildah otherwise
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except BaseException:  # a timeout, or the test run interrupted
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    result = subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
     if result.returncode != 0:
-        raise ImageBuildError(f"{' '.join(argv[7:9])} failed (exit {result.returncode}):\n"
+        raise ImageBuildError(f"buildah {' '.join(args[:2])} failed (exit {result.returncode}):\n"
                               f"{(result.stdout + result.stderr)[-4000:]}")
     return result
 
 
 def image_exists(reference: str) -> bool:
-    argv = ["buildah", "--root", str(STORAGE), "--runroot", str(RUNROOT), "--storage-driver", "overlay",
-            "inspect", "--type", "image", reference]
+    argv = [*BUILDAH, "inspect", "--type", "image", reference]
     return subprocess.run(argv, capture_output=True, timeout=120).returncode == 0
 
 
@@ -117,10 +129,10 @@ def host_pip_files() -> list[str]:
 
 
 @contextlib.contextmanager
-def build_lock():
-    """One builder at a time per cache (two test runs share the images)."""
+def build_lock(name: str):
+    """One builder of an image at a time per cache (two test runs share the images)."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / ".lock", "w") as lock:
+    with open(CACHE / f".lock-{name}", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -194,12 +206,14 @@ def image_inputs(name: str, base: str, build_args: dict[str, str]) -> str:
                   *(f"{p.relative_to(REPO)}" for p in files), *(p.read_bytes() for p in files))
 
 
-def build_image(name: str, build_args: dict[str, str] | None = None) -> Image:
-    """The controller or worker image from its Dockerfile on the stand-in base, built unless cached."""
-    with build_lock():
+def build_image(name: str, build_args: dict[str, str] | None = None, *, build: bool = True) -> Image | None:
+    """The controller or worker image from its Dockerfile on the stand-in base, built unless cached
+    (with ``build=False``: None unless cached)."""
+    with build_lock("debian"):
         debian, debian_seconds = debian_base()
-        if debian_seconds is not None:
-            log(f"debian base built in {debian_seconds:.0f}s")
+    if debian_seconds is not None:
+        log(f"debian base built in {debian_seconds:.0f}s")
+    with build_lock(name):
         base, base_seconds = stand_in_base(name, debian)
         if base_seconds is not None:
             log(f"{name} base built in {base_seconds:.0f}s")
@@ -207,6 +221,8 @@ def build_image(name: str, build_args: dict[str, str] | None = None) -> Image:
         reference = f"localhost/embedjob-test/{name}:{image_inputs(name, base, args)}"
         if image_exists(reference):
             return Image(name, reference, None)
+        if not build:
+            return None
         log(f"building {reference} from {DOCKERFILES[name].relative_to(REPO)} ...")
         seconds = bud(reference, DOCKERFILES[name], args)
         log(f"{name} image built in {seconds:.0f}s")

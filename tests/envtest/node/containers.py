@@ -49,6 +49,7 @@ class Container:
     def __init__(self, spec: dict, init: bool):
         self.spec, self.init, self.name = spec, init, spec["name"]
         self.restarts = 0
+        self.pull_failures = 0  # starts refused because the image is not there (ErrImagePull)
         self.run: Run | None = None
         self.state: dict = {"waiting": {"reason": "PodInitializing" if init else "ContainerCreating"}}
         self.last_state: dict = {}

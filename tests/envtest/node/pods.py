@@ -26,8 +26,10 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import envvars, probes, volumes
-from .containers import Container, Run, container_mounts, launch, stop_run
+from envtest.images.runtime import ContainerConfigError
+
+from . import envvars, images, probes, volumes
+from .containers import BACKOFF_MAX, Container, Run, container_mounts, launch, stop_run
 from .kubeapi import ApiError, now_rfc3339
 
 if TYPE_CHECKING:
@@ -264,6 +266,16 @@ class PodWorker(threading.Thread):
         spec = c.spec
         services_env = self.node.services.service_env(self.ns)
         base = {**self.node.image_env, "PATH": self.node.path, "HOSTNAME": self.hostname, "HOME": "/root"}
+        in_image = images.from_harness(spec.get("image", ""))
+        if in_image:
+            c.pull_failures += 1
+            waiting = images.pull_failure(spec["image"], c.pull_failures)
+            if waiting is not None:
+                c.state = {"waiting": waiting}
+                c.next_start = time.monotonic() + min(BACKOFF_MAX, 5 * 2 ** c.pull_failures)
+                return
+            c.pull_failures = 0
+            base = {**images.image_env(spec["image"]), "HOSTNAME": self.hostname}
         try:
             env = envvars.resolve(self._view(pod), spec, self._lookup, base, services_env,
                                   self.node.allocatable)
@@ -271,11 +283,12 @@ class PodWorker(threading.Thread):
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
             c.next_start = time.monotonic() + 2
             return
-        argv = [envvars.expand(a, env) for a in spec.get("command", []) + spec.get("args", [])]
+        unexpanded = images.container_argv(spec["image"], spec) if in_image else spec.get("command", []) + spec.get("args", [])
+        argv = [envvars.expand(a, env) for a in unexpanded]
         cdir = self.dir / "containers" / f"{c.name}-{c.restarts}"
         pod_files = {"/etc/hosts": self.hosts, "/etc/resolv.conf": self.resolv}
         try:
-            mounts = container_mounts(spec, env, cdir, pod_files, self.node.tmp_keep, self.volumes)
+            mounts = container_mounts(spec, env, cdir, pod_files, [] if in_image else self.node.tmp_keep, self.volumes)
         except volumes.VolumeError as exc:
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
             c.next_start = time.monotonic() + 2
@@ -285,7 +298,16 @@ class PodWorker(threading.Thread):
         launch_spec = {"hostname": self.hostname, "mounts": mounts, "cwd": spec.get("workingDir") or "/",
                        "masks": [{"dst": "/root", "keep": self.node.home_keep}], "argv": argv, "env": env}
         log_path = self.dir / "logs" / f"{c.name}-{c.restarts}.log"
-        proc, error = launch(self.netns, cgroup, cdir / "launch.json", launch_spec, log_path)
+        if in_image:
+            try:
+                proc, error = images.start(pod["spec"], spec, argv, env, mounts, self.netns, self.hostname, cgroup,
+                                           cdir / "container.json", log_path), ""
+            except ContainerConfigError as exc:
+                c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
+                c.next_start = time.monotonic() + 2
+                return
+        else:
+            proc, error = launch(self.netns, cgroup, cdir / "launch.json", launch_spec, log_path)
         started = now_rfc3339()
         if error:
             self.log(f"container {c.name} failed to start: {error}")
