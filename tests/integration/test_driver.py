@@ -1,24 +1,18 @@
 """The driver end to end: real Ray (one local session per module), the real model, real PostgreSQL."""
 
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
 import threading
 import urllib.request
 from pathlib import Path
 
 import pytest
 import ray
-import sqlalchemy as sa
 
 from support.net import free_port
+from support.driver_crash import kill_driver_after, succeeded_batches
 from support.driver_jobs import corpus_lines, manifest, write_input
 from support.polling import wait_until
 from support.sql import query
-from embedjob.contract import encode_job_config
 from embedjob_worker.config import JobConfig
 from embedjob_worker.metrics import DriverMetrics
 from embedjob_worker.records import Record, classify_records
@@ -31,13 +25,6 @@ pytestmark = pytest.mark.slow
 
 def valid_ids(path: Path) -> set[str]:
     return {r.id for r in classify_records(read_records(str(path), "jsonl", "id", "text")) if isinstance(r, Record)}
-
-
-def succeeded_batches(url: str) -> int:
-    try:
-        return query(url, "SELECT count(*) FROM embedjob_batches WHERE state = 'succeeded'")[0][0]
-    except sa.exc.ProgrammingError:  # the driver has not migrated the database yet
-        return 0
 
 
 def test_a_job_writes_one_row_per_valid_record_and_a_rerun_changes_nothing(ray_address, database_url, tmp_path):
@@ -148,22 +135,7 @@ def test_killing_the_driver_mid_job_loses_at_most_the_batches_in_flight(ray_addr
     max_in_flight = 4
     source = write_input(tmp_path / "kill-driver.jsonl", corpus_lines(2800, 640))
     spec = manifest(source, "killdriver", batch_size=16, max_in_flight=max_in_flight)
-    log_path = tmp_path / "driver.log"
-    env = {**os.environ, "EMBEDJOB_DATABASE_URL": database_url, "HF_HUB_OFFLINE": "1"}
-    with log_path.open("w") as log:
-        # The RayJob entrypoint, connected to this module's Ray cluster.
-        process = subprocess.Popen(
-            [sys.executable, "-m", "embedjob_worker.driver", "--config-b64", encode_job_config(spec),
-             "--ray-address", ray_address], env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_until("5 batches to succeed or the driver to end",
-                       lambda: succeeded_batches(database_url) >= 5 or process.poll() is not None, timeout=180)
-        finally:
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-    assert process.returncode == -signal.SIGKILL, log_path.read_text()[-2000:]
-    committed = {r[0] for r in query(database_url, "SELECT batch_id FROM embedjob_batches WHERE state = 'succeeded'")}
-    dispatched = set(re.findall(r"event=batch_dispatched batch=(\w+)", log_path.read_text()))
+    committed, dispatched = kill_driver_after(spec, database_url, ray_address, tmp_path / "driver.log", batches=5)
     assert committed <= dispatched
     assert len(dispatched - committed) <= max_in_flight  # the work the crash lost
 

@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--new-run", action="store_true", help="start a new run although the input changed")
     run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     run.add_argument("--verbose", "-v", action="store_true", help="log every batch (key=value lines on stderr)")
+    run.add_argument("--max-tokens", type=int, metavar="N",
+                     help="token budget per batch: overrides spec.batching.maxTokens (docs/token-budget.md)")
     search = commands.add_parser("search", help="nearest neighbours of a query in the job's collection")
     search.add_argument("manifest", type=Path)
     search.add_argument("query")
@@ -67,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         return render.run(args)
     try:
         config = JobConfig.from_file(args.manifest)
+        if getattr(args, "max_tokens", None) is not None:
+            config = config.with_max_tokens(args.max_tokens)
     except (SpecError, OSError) as exc:
         print(f"embedjob: invalid manifest {args.manifest}: {exc}", file=sys.stderr)
         return ExitCode.INVALID_CONFIG
@@ -113,7 +117,9 @@ def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     except OSError:
         total = None  # the driver refuses the job with SourceUnavailable and says why
     # Until the input has been read through, the batch count is estimated from the records.
-    estimate = f"~{estimated_batches(total, spec.batching.batch_size, spec.batching.sort_window)}" if total else "?"
+    # With a token budget the count depends on the texts' tokens: unknown until read through.
+    estimate = (f"~{estimated_batches(total, spec.batching.batch_size, spec.batching.sort_window)}"
+                if total and spec.batching.max_tokens is None else "?")
     print(f"embedjob: {config.name}: {spec.source.uri} -> {mask_url(url)} table {spec.sink.table}, "
           f"collection {spec.sink.collection}", file=sys.stderr)
     with tqdm(total=total, unit="rec", desc=config.name, dynamic_ncols=True) as bar:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from embedjob.api import EmbeddingJobSpec
 
-from .batching import Batch, make_batches
+from .batching import Batch, TokenBudget, make_batches
 from .errors import JobFailed
 from .metrics import DriverMetrics
 from .records import BadRecord, IdRegistry, RawRecord, Record, classify_records
@@ -22,10 +22,11 @@ BAD_RECORDS_GROUP = 1000
 
 def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: dict[str, DoneBatch], tally: RunTally,
                      metrics: DriverMetrics, on_bad_records: Callable[[list[BadRecord]], None],
-                     ids: IdRegistry | None = None) -> Iterator[Batch]:
+                     ids: IdRegistry | None = None, budget: TokenBudget | None = None) -> Iterator[Batch]:
     """Stream the batches of valid records (batch ids derive from `key`), skipping those in
     `done_before` (the batches an earlier session of the job wrote, by id). `ids`
     decides duplicate ids (records.classify_records; the driver's keeps them in PostgreSQL).
+    `budget` (spec.batching.maxTokens) cuts batches by padded tokens instead of by count.
 
     Bad records go to `on_bad_records` before the next batch, or once BAD_RECORDS_GROUP of
     them have piled up; once the input has been read through, the tally learns its totals.
@@ -55,7 +56,7 @@ def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: di
     raw = read_records(uri, source.format, source.id_field, source.text_field)
     total = 0
     try:
-        for batch in make_batches(valid(raw), batching.batch_size, batching.sort_window, key):
+        for batch in make_batches(valid(raw), batching.batch_size, batching.sort_window, key, budget):
             hand_over_bad()
             total += 1
             if batch.batch_id in done_before:

@@ -34,6 +34,7 @@ from .sink import PostgresSink, content_salt
 from .snapshot import InputSnapshot, input_snapshot
 from .source import resolve_uri
 from .tally import RunSummary, RunTally
+from .tokens import token_budget
 from .workers import ActorSet, check_model
 from .writer import SinkWriter
 
@@ -141,8 +142,9 @@ class JobRun:
             cleanup.callback(writer.close)
             try:
                 dispatcher = self._dispatcher(actors, resolved, len(done_before))
+                budget = token_budget(spec.batching.max_tokens, resolved, dispatcher.max_tokens)
                 batches = batches_to_embed(spec, uri, key, done_before, self.tally, self.metrics,
-                                           writer.put_bad_records, SeenIds(self.sink.engine, run_id))
+                                           writer.put_bad_records, SeenIds(self.sink.engine, run_id), budget)
                 dispatcher.run(batches, writer, self._report)
                 failure = dispatcher.failure or self._outcome_failure(dispatcher.failed_batches)
             except JobFailed as exc:
