@@ -132,12 +132,14 @@ class Model(ApiModel):
 
 # batchSize's maximum × maxSeqLength's: a larger budget never cuts a batch.
 MAX_TOKENS_LIMIT = 4096 * 8192
-# (CEL rule, message) pairs; Batching's validator checks the same in Python.
-_MAX_TOKENS_RULES = (
-    ("!has(self.maxTokens) || !has(self.sortWindow) || self.sortWindow > 0",
-     "maxTokens is only meaningful with length sorting: set sortWindow above 0 or unset maxTokens"),
-    ("!has(self.maxTokens) || !has(self.batchSize) || self.batchSize > 1",
-     "maxTokens is only meaningful with batchSize above 1 (batchSize is the most records per batch)"),
+# (CEL rule, message); Batching's validator checks the same in Python.
+MAX_TOKENS_NEEDS_SORTING = (
+    "!has(self.maxTokens) || !has(self.sortWindow) || self.sortWindow > 0",
+    "maxTokens is only meaningful with length sorting: set sortWindow above 0 or unset maxTokens",
+)
+MAX_TOKENS_NEEDS_ROOM = (
+    "!has(self.maxTokens) || !has(self.batchSize) || self.batchSize > 1",
+    "maxTokens is only meaningful with batchSize above 1 (batchSize is the most records per batch)",
 )
 
 
@@ -155,7 +157,8 @@ class Batching(ApiModel):
                     "sortWindow must be 0 (no length bucketing) or at least batchSize",
                     ".sortWindow",
                 ),
-                *(cel(rule, message, ".maxTokens") for rule, message in _MAX_TOKENS_RULES),
+                cel(*MAX_TOKENS_NEEDS_SORTING, ".maxTokens"),
+                cel(*MAX_TOKENS_NEEDS_ROOM, ".maxTokens"),
             ]
         }
     )
@@ -183,10 +186,10 @@ class Batching(ApiModel):
 
     @model_validator(mode="after")
     def _max_tokens_needs_sorting_and_room(self) -> "Batching":
-        if self.max_tokens is not None:
-            for applies, (_, message) in zip((self.sort_window > 0, self.batch_size > 1), _MAX_TOKENS_RULES):
-                if not applies:
-                    raise ValueError(message)
+        if self.max_tokens is not None and self.sort_window == 0:
+            raise ValueError(MAX_TOKENS_NEEDS_SORTING[1])
+        if self.max_tokens is not None and self.batch_size == 1:
+            raise ValueError(MAX_TOKENS_NEEDS_ROOM[1])
         return self
 
 

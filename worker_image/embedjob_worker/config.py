@@ -78,7 +78,7 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str) -> dict[str, Any]:
     batching.maxTokens is only present when set, so runs from before it existed keep their fingerprint.
     """
     budget = {"batching.maxTokens": spec.batching.max_tokens} if spec.batching.max_tokens is not None else {}
-    return {**budget,
+    return {
         "source.format": spec.source.format,
         "source.idField": spec.source.id_field,
         "source.textField": spec.source.text_field,
@@ -90,6 +90,7 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str) -> dict[str, Any]:
         "batching.sortWindow": spec.batching.sort_window,
         "sink.table": spec.sink.table,
         "sink.collection": spec.sink.collection,
+        **budget,
     }
 
 
