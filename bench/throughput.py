@@ -96,7 +96,8 @@ def ray_data(records: list[dict], batch_size: int, cpus: int) -> tuple[float, fl
 
 
 def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Path, model: dict | None = None,
-                    max_in_flight: int = 4) -> tuple[float, float]:
+                    max_in_flight: int = 4, max_tokens: int | None = None,
+                    workers: dict | None = None) -> tuple[float, float]:
     import pgserver
 
     from embedjob_worker.config import JobConfig
@@ -111,8 +112,9 @@ def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Pa
             "spec": {
                 "source": {"uri": str(source)},
                 "model": model or {"name": MODEL_NAME, "package": MODEL_PACKAGE},
-                "batching": {"batchSize": batch_size, "maxInFlight": max_in_flight, "sortWindow": 4096},
-                "workers": {"replicas": 1, "cpusPerActor": cpus},
+                "batching": {"batchSize": batch_size, "maxInFlight": max_in_flight, "sortWindow": 4096,
+                             **({"maxTokens": max_tokens} if max_tokens else {})},
+                "workers": workers or {"replicas": 1, "cpusPerActor": cpus},
                 "sink": {"databaseSecretRef": {"name": "db"}, "collection": "bench"},
             },
         })

@@ -144,6 +144,19 @@ class Model(ApiModel):
         return MODEL_PATH_RULE.enforce(path)
 
 
+# batchSize's maximum × maxSeqLength's: a larger budget never cuts a batch.
+MAX_TOKENS_LIMIT = 4096 * 8192
+# (CEL rule, message); Batching's validator checks the same in Python.
+MAX_TOKENS_NEEDS_SORTING = (
+    "!has(self.maxTokens) || !has(self.sortWindow) || self.sortWindow > 0",
+    "maxTokens is only meaningful with length sorting: set sortWindow above 0 or unset maxTokens",
+)
+MAX_TOKENS_NEEDS_ROOM = (
+    "!has(self.maxTokens) || !has(self.batchSize) || self.batchSize > 1",
+    "maxTokens is only meaningful with batchSize above 1 (batchSize is the most records per batch)",
+)
+
+
 class Batching(ApiModel):
     """How records are grouped into batches for the workers."""
 
@@ -157,7 +170,9 @@ class Batching(ApiModel):
                     "|| self.sortWindow >= self.batchSize",
                     "sortWindow must be 0 (no length bucketing) or at least batchSize",
                     ".sortWindow",
-                )
+                ),
+                cel(*MAX_TOKENS_NEEDS_SORTING, ".maxTokens"),
+                cel(*MAX_TOKENS_NEEDS_ROOM, ".maxTokens"),
             ]
         }
     )
@@ -175,6 +190,21 @@ class Batching(ApiModel):
         description="Records read ahead and sorted by length before batches are formed, so that a batch holds "
         "texts of similar length (0 disables this; otherwise at least batchSize).",
     )
+    max_tokens: int | None = Field(
+        None, ge=1, le=MAX_TOKENS_LIMIT,
+        description="Token budget per batch (1-33554432): batches are cut from the length-sorted window so that "
+        "records × the longest record's tokens (the model's tokenizer, capped at its token limit) stays within "
+        "it, at most batchSize records each; a record over the budget alone is a batch of one. Unset: batchSize "
+        "records per batch. Needs sortWindow > 0 and batchSize > 1.",
+    )
+
+    @model_validator(mode="after")
+    def _max_tokens_needs_sorting_and_room(self) -> "Batching":
+        if self.max_tokens is not None and self.sort_window == 0:
+            raise ValueError(MAX_TOKENS_NEEDS_SORTING[1])
+        if self.max_tokens is not None and self.batch_size == 1:
+            raise ValueError(MAX_TOKENS_NEEDS_ROOM[1])
+        return self
 
 
 WORKER_RULES = {

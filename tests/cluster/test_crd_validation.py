@@ -22,6 +22,9 @@ MALFORMED = [
     ("batch-size-huge", {"batching": {"batchSize": 5000}}, "spec.batching.batchSize"),
     ("sort-window-below-batch", {"batching": {"batchSize": 64, "sortWindow": 10}}, "spec.batching.sortWindow"),
     ("max-in-flight-zero", {"batching": {"maxInFlight": 0}}, "spec.batching.maxInFlight"),
+    ("max-tokens-zero", {"batching": {"maxTokens": 0}}, "spec.batching.maxTokens"),
+    ("max-tokens-unsorted", {"batching": {"sortWindow": 0, "maxTokens": 4096}}, "spec.batching.maxTokens"),
+    ("max-tokens-batch-of-one", {"batching": {"batchSize": 1, "maxTokens": 4096}}, "spec.batching.maxTokens"),
     ("format-unknown", {"source": {"format": "xml"}}, "spec.source.format"),
     ("source-missing", {"source": None}, "spec.source"),
     ("uri-empty", {"source": {"uri": ""}}, "spec.source.uri"),
@@ -93,6 +96,7 @@ def test_valid_variants_are_accepted(kube, namespace):
         "fractional-gpu": {"workers": {"gpusPerActor": 0.25, "cpusPerActor": 0.5, "replicas": 4}},
         "whole-gpus": {"workers": {"gpusPerActor": 2, "cpusPerActor": 4, "memory": "8Gi"}},
         "on-cluster": {"clusterSelector": {"ray.io/cluster": "shared-ray"}},
+        "token-budget": {"batching": {"batchSize": 512, "maxTokens": 16384}},
         "revision": {"model": {"package": None, "revision": "0123456789abcdef0123456789abcdef01234567"}},
         "table-sync": {"source": {"uri": None, "databaseSecretRef": {"name": "cms-db"}, "table": {
             **TABLE, "schema": "Sales_2026", "filter": [{"column": "lang", "op": "in", "values": ["en", "de"]},

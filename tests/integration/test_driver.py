@@ -1,7 +1,6 @@
 """The driver end to end: real Ray (one local session per module), the real model, real PostgreSQL."""
 
 import json
-import re
 import threading
 import urllib.request
 from pathlib import Path
@@ -10,7 +9,8 @@ import pytest
 import ray
 
 from support.net import free_port
-from support.driver_jobs import corpus_lines, kill_driver_mid_job, manifest, succeeded_batches, write_input
+from support.driver_crash import kill_driver_after, succeeded_batches
+from support.driver_jobs import corpus_lines, manifest, write_input
 from support.polling import wait_until
 from support.sql import query
 from embedjob_worker.config import JobConfig
@@ -135,10 +135,7 @@ def test_killing_the_driver_mid_job_loses_at_most_the_batches_in_flight(ray_addr
     max_in_flight = 4
     source = write_input(tmp_path / "kill-driver.jsonl", corpus_lines(2800, 640))
     spec = manifest(source, "killdriver", batch_size=16, max_in_flight=max_in_flight)
-    log_path = tmp_path / "driver.log"
-    kill_driver_mid_job(spec, database_url, ray_address, log_path)
-    committed = {r[0] for r in query(database_url, "SELECT batch_id FROM embedjob_batches WHERE state = 'succeeded'")}
-    dispatched = set(re.findall(r"event=batch_dispatched batch=(\w+)", log_path.read_text()))
+    committed, dispatched = kill_driver_after(spec, database_url, ray_address, tmp_path / "driver.log", batches=5)
     assert committed <= dispatched
     assert len(dispatched - committed) <= max_in_flight  # the work the crash lost
 

@@ -9,7 +9,8 @@ import sqlalchemy as sa
 import yaml
 
 from support.cli import EMBEDJOB
-from support.driver_jobs import corpus_lines, kill_driver_mid_job
+from support.driver_crash import kill_driver_after
+from support.driver_jobs import corpus_lines
 from support.paths import REPO, SAMPLE
 from support.sql import query
 from embedjob_worker.config import JobConfig
@@ -135,7 +136,7 @@ def test_killing_the_driver_mid_table_resumes_like_a_file_source(ray_address, da
     max_in_flight = 4
     create_docs(database_url, 2800, 640)
     spec = table_manifest("killtable", batch_size=16, max_in_flight=max_in_flight)
-    kill_driver_mid_job(spec, database_url, ray_address, tmp_path / "driver.log")
+    kill_driver_after(spec, database_url, ray_address, tmp_path / "driver.log", batches=5)
     written = {r[0] for r in query(database_url, "SELECT record_id FROM embeddings")}
     assert 0 < len(written) < 640
     # Between the sessions the table changes: a row before all others (every position moves) and a

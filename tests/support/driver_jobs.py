@@ -1,18 +1,8 @@
-"""Inputs and manifests for driver runs in tests: PEP paragraphs as JSONL, a small job on the packaged model, and a
-driver process killed mid-job."""
+"""Inputs and manifests for driver runs in tests: PEP paragraphs as JSONL, and a small job on the packaged model."""
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
-import sqlalchemy as sa
-
-from embedjob.contract import encode_job_config
 from support.paths import CORPUS
-from support.polling import wait_until
-from support.sql import query
 
 
 def corpus_lines(start: int, count: int) -> list[bytes]:
@@ -38,27 +28,3 @@ def manifest(source: Path, name: str, batch_size: int = 32, max_in_flight: int =
             "retry": {"attemptsPerBatch": 3, **retry},
         },
     }
-
-
-def succeeded_batches(url: str) -> int:
-    try:
-        return query(url, "SELECT count(*) FROM embedjob_batches WHERE state = 'succeeded'")[0][0]
-    except sa.exc.ProgrammingError:  # the driver has not migrated the database yet
-        return 0
-
-
-def kill_driver_mid_job(spec: dict, database_url: str, ray_address: str, log_path: Path, batches: int = 5) -> None:
-    """Run the RayJob entrypoint on `spec` (connected to `ray_address`), SIGKILL it once `batches` batches
-    succeeded; its output goes to `log_path`."""
-    env = {**os.environ, "EMBEDJOB_DATABASE_URL": database_url, "HF_HUB_OFFLINE": "1"}
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "embedjob_worker.driver", "--config-b64", encode_job_config(spec),
-             "--ray-address", ray_address], env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_until(f"{batches} batches to succeed or the driver to end",
-                       lambda: succeeded_batches(database_url) >= batches or process.poll() is not None, timeout=180)
-        finally:
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-    assert process.returncode == -signal.SIGKILL, log_path.read_text()[-2000:]

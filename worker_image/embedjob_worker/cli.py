@@ -57,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--verbose", "-v", action="store_true", help="log every batch (key=value lines on stderr)")
     run.add_argument("--index", choices=[t.value for t in IndexType],
                      help="build this vector index after the run (default: the manifest's spec.sink.index, else none)")
+    run.add_argument("--max-tokens", type=int, metavar="N",
+                     help="token budget per batch: overrides spec.batching.maxTokens (docs/token-budget.md)")
     search = commands.add_parser("search", help="nearest neighbours of a query in the job's collection")
     search.add_argument("manifest", type=Path)
     search.add_argument("query")
@@ -93,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         return render.run(args)
     try:
         config = _with_index(JobConfig.from_file(args.manifest), getattr(args, "index", None))
+        if getattr(args, "max_tokens", None) is not None:
+            config = config.with_max_tokens(args.max_tokens)
     except (SpecError, OSError) as exc:
         print(f"embedjob: invalid manifest {args.manifest}: {exc}", file=sys.stderr)
         return ExitCode.INVALID_CONFIG
@@ -143,7 +147,9 @@ def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     except OSError:
         total = None  # the driver refuses the job with SourceUnavailable and says why
     # Until the input has been read through, the batch count is estimated from the records.
-    estimate = f"~{estimated_batches(total, spec.batching.batch_size, spec.batching.sort_window)}" if total else "?"
+    # With a token budget the count depends on the texts' tokens: unknown until read through.
+    estimate = (f"~{estimated_batches(total, spec.batching.batch_size, spec.batching.sort_window)}"
+                if total and spec.batching.max_tokens is None else "?")
     source = table_uri(spec.source.table) if spec.source.table else spec.source.uri
     print(f"embedjob: {config.name}: {source} -> {mask_url(url)} table {spec.sink.table}, "
           f"collection {spec.sink.collection}", file=sys.stderr)

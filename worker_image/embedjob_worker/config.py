@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -44,6 +45,13 @@ class JobConfig:
                     "a new run; vectors already in the table that did not change are not written again")
         return "Pass --new-run (embedjob run --new-run, or the driver's --new-run) to start a new run"
 
+    def with_max_tokens(self, max_tokens: int) -> "JobConfig":
+        """The job with spec.batching.maxTokens set (`embedjob run --max-tokens`), validated like the
+        manifest: SpecError names the field."""
+        spec = self.spec.model_dump(by_alias=True, exclude_none=True)
+        spec["batching"]["maxTokens"] = max_tokens
+        return dataclasses.replace(self, spec=parse_spec(spec))
+
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], base_dir: Path | None = None) -> "JobConfig":
         metadata = check_envelope(manifest)["metadata"]
@@ -67,7 +75,9 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str) -> dict[str, Any]:
 
     Replicas, CPUs, maxInFlight and retry settings are left out: changing them neither
     changes a batch nor a vector nor where it goes, so a resumed job may use different ones.
+    batching.maxTokens is only present when set, so runs from before it existed keep their fingerprint.
     """
+    budget = {"batching.maxTokens": spec.batching.max_tokens} if spec.batching.max_tokens is not None else {}
     return {
         "source.format": spec.source.format,
         "source.idField": spec.source.id_field,
@@ -80,6 +90,7 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str) -> dict[str, Any]:
         "batching.sortWindow": spec.batching.sort_window,
         "sink.table": spec.sink.table,
         "sink.collection": spec.sink.collection,
+        **budget,
     }
 
 

@@ -42,6 +42,7 @@ from .snapshot import InputSnapshot, input_snapshot
 from .source import resolve_uri
 from .table_source import table_snapshot, table_uri
 from .tally import RunSummary, RunTally
+from .tokens import model_token_limit, token_budget
 from .vector_index import check_indexable, ensure_index, metric_for
 from .workers import ActorSet, check_model
 from .writer import SinkWriter
@@ -166,7 +167,8 @@ class JobRun:
                 batches = batches_to_embed(spec, uri, key, done_before, self.tally, self.metrics,
                                            writer.put_bad_records, SeenIds(self.sink.engine, run_id),
                                            self.source_database_url,
-                                           IncrementalFeed(stored, run_batches, self.tally).to_embed)
+                                           IncrementalFeed(stored, run_batches, self.tally).to_embed,
+                                           token_budget(spec.batching.max_tokens, resolved, model_token_limit(resolved)))
                 # No actor starts (nor model loads) before a batch needs one: an unchanged re-run starts none.
                 first = next(batches, None)
                 failure = (self._outcome_failure(0) if first is None else

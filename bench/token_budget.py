@@ -1,0 +1,92 @@
+"""Texts/s of the embedjob driver with token-budget batches (spec.batching.maxTokens) against fixed batch sizes.
+
+Every contender is the whole driver end to end (local Ray, one actor, PostgreSQL writes to
+an embedded pgserver) over the same PEP paragraphs, sortWindow 4096, maxInFlight 4:
+fixed batchSize 32 and 128, and token budgets (batchSize 512 as the upper bound on
+records). The tiny random-weight model (bench/tiny_model.py) repeats fixed vs budget
+where the model costs next to nothing, so the driver's own token counting shows. A last
+figure is the driver's token counting alone (the model's tokenizer, CPU µs per text).
+
+    HF_HUB_OFFLINE=1 python bench/token_budget.py [--texts 2000] [--budgets 4096 16384] [--cpus 2] [--rounds 3]
+
+The contenders alternate in each round (bench/rounds.py); the table gives medians and ranges.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from rounds import report, run_rounds
+from throughput import MODEL_NAME, MODEL_PACKAGE, TINY_BATCH, embedjob_driver, first_records
+from tiny_model import build_tiny_model
+
+BUDGET_BATCH_SIZE = 512
+TINY_BUDGET_BATCH_SIZE = 2048
+MODEL_LIMIT = 256  # all-MiniLM-L6-v2's max_seq_length, as the tiny model keeps it
+
+
+def token_counting(texts: list[str]) -> dict[str, float]:
+    """The driver's TokenCounter over `texts`: texts/s (wall) and CPU µs per text (all threads)."""
+    from embedjob.api import Model
+    from embedjob_worker.model import resolve_model
+    from embedjob_worker.tokens import TokenCounter
+
+    counter = TokenCounter(resolve_model(Model(name=MODEL_NAME, package=MODEL_PACKAGE)), MODEL_LIMIT)
+    wall, cpu = time.perf_counter(), time.process_time()
+    counts = counter(texts)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return {"texts/s": len(texts) / wall, "CPU µs/text": 1e6 * cpu / len(texts),
+            "mean tokens/text": sum(counts) / len(counts)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--texts", type=int, default=2000)
+    parser.add_argument("--budgets", type=int, nargs="+", default=[4096, 16384], help="maxTokens contenders")
+    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tiny-texts", type=int, default=20_000, help="texts for the tiny model (0: leave it out)")
+    parser.add_argument("--tiny-budget", type=int, default=65_536, help="the tiny model's maxTokens contender")
+    args = parser.parse_args()
+    records = first_records(max(args.texts, args.tiny_texts))
+    tiny_records, records = records[:args.tiny_texts], records[:args.texts]
+    print(f"{len(records)} PEP paragraphs, {args.cpus} CPUs, {args.rounds} rounds; "
+          f"tiny model: {len(tiny_records)} paragraphs")
+
+    import ray
+
+    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+
+    def driver(inputs: list[dict], batch_size: int, **options) -> dict[str, float]:
+        with tempfile.TemporaryDirectory() as tmp:
+            steady, wall = embedjob_driver(inputs, batch_size, args.cpus, Path(tmp), **options)
+        return {"steady": steady, "wall": wall}
+
+    contenders = {
+        "fixed batchSize 32": lambda: driver(records, 32),
+        "fixed batchSize 128": lambda: driver(records, 128),
+        **{f"maxTokens {budget} (batchSize ≤ {BUDGET_BATCH_SIZE})":
+           (lambda budget=budget: driver(records, BUDGET_BATCH_SIZE, max_tokens=budget)) for budget in args.budgets},
+    }
+    if tiny_records:
+        tiny = {"name": "bench/tiny-random-bert",
+                "path": str(build_tiny_model(Path(tempfile.mkdtemp(prefix="embedjob-tiny-")) / "model"))}
+        contenders[f"tiny model, fixed batchSize {TINY_BATCH}"] = lambda: driver(
+            tiny_records, TINY_BATCH, model=tiny, max_in_flight=8)
+        contenders[f"tiny model, maxTokens {args.tiny_budget} (batchSize ≤ {TINY_BUDGET_BATCH_SIZE})"] = lambda: driver(
+            tiny_records, TINY_BUDGET_BATCH_SIZE, model=tiny, max_in_flight=8, max_tokens=args.tiny_budget)
+    contenders["driver token counting alone"] = lambda: token_counting([r["text"] for r in records + tiny_records])
+    try:
+        results = run_rounds(contenders, rounds=args.rounds)
+    finally:
+        ray.shutdown()
+    print(report(results, unit="texts/s (unless named)"))
+
+
+if __name__ == "__main__":
+    main()
