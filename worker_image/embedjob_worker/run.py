@@ -3,7 +3,8 @@
 The steps (docs/driver.md, "What a run does"): migrate, resolve the model's revision
 and fingerprint the input, start or resume the run row, lease the shared pool if the
 job runs on one, start the actors and wait for their model, then stream the batches
-through the Dispatcher into the SinkWriter, and finally record how the run ended.
+through the Dispatcher into the SinkWriter, build the vector index the spec asks for, and
+finally record how the run ended.
 """
 
 from __future__ import annotations
