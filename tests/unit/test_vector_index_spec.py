@@ -96,3 +96,12 @@ def test_embedjob_run_and_search_refuse_bad_index_options(tmp_path):
     for bad in ("0", "1001", "40; SET", "-1"):
         search = run([*EMBEDJOB, "search", str(path), "q", "--ef-search", bad])
         assert search.returncode == 2 and "--ef-search: must be a whole number from 1 to 1000" in search.stderr
+
+
+def test_the_index_build_time_reaches_status_progress():
+    from controller.run_reader import RunRow
+    from controller.status import progress_of
+
+    built = progress_of(RunRow(state="succeeded", batches_total=2, batches_succeeded=2, index_build_seconds=12.25))
+    assert built["indexBuildSeconds"] == 12.25
+    assert "indexBuildSeconds" not in progress_of(RunRow(state="succeeded", batches_total=2, batches_succeeded=2))
