@@ -148,3 +148,17 @@ def test_an_existing_index_is_found_not_rebuilt_and_other_parameters_are_reporte
     assert query(database_url, "SELECT count(*) FROM pg_indexes WHERE tablename = 'vectors' AND indexdef LIKE "
                  "'%hnsw%'") == [(1,)]
     sink.close()
+
+
+def test_embedjob_run_index_option_overrides_the_manifest_keeping_its_parameters():
+    from embedjob_worker.cli import _with_index  # imports Ray: not in the unit tier
+    from embedjob_worker.config import JobConfig
+    from support.cli import manifest
+    from support.manifests import merged
+
+    plain = JobConfig.from_manifest(manifest("in.jsonl"))
+    tuned = JobConfig.from_manifest(merged(manifest("in.jsonl"), {"spec": {"sink": {"index": {"type": "hnsw", "m": 32}}}}))
+    assert _with_index(plain, None).spec.sink.hnsw is None
+    assert _with_index(plain, "hnsw").spec.sink.hnsw.hnsw_m == 16
+    assert _with_index(tuned, "hnsw").spec.sink.hnsw.hnsw_m == 32
+    assert _with_index(tuned, "none").spec.sink.hnsw is None

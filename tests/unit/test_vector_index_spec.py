@@ -40,9 +40,9 @@ def test_hostile_index_and_vector_type_values_are_refused_naming_the_field(sink,
 def test_no_index_unless_asked_and_pgvectors_defaults_when_asked():
     spec = api.parse_spec(MINIMAL_SPEC)
     assert spec.sink.hnsw is None and spec.sink.vector_type == "vector"
-    # The API server fills `index: {}` (the CRD's default for the object): still no index.
+    # An optional object gets no CRD default (embedjob.crd): the stored spec has no index, still none.
     stored = crd.spec_as_stored(MINIMAL_SPEC)
-    assert stored["sink"]["index"] == {"type": "none"} and api.parse_spec(stored).sink.hnsw is None
+    assert "index" not in stored["sink"] and api.parse_spec(stored).sink.hnsw is None
     hnsw = api.parse_spec(merged(MINIMAL_SPEC, {"sink": {"index": {"type": "hnsw"}}})).sink.hnsw
     assert (hnsw.hnsw_m, hnsw.hnsw_ef_construction) == (16, 64)
     edge = api.parse_spec(merged(MINIMAL_SPEC, {"sink": {"index": {"type": "hnsw", "m": 100, "efConstruction": 200},
@@ -96,3 +96,12 @@ def test_embedjob_run_and_search_refuse_bad_index_options(tmp_path):
     for bad in ("0", "1001", "40; SET", "-1"):
         search = run([*EMBEDJOB, "search", str(path), "q", "--ef-search", bad])
         assert search.returncode == 2 and "--ef-search: must be a whole number from 1 to 1000" in search.stderr
+
+
+def test_the_index_build_time_reaches_status_progress():
+    from controller.run_reader import RunRow
+    from controller.status import progress_of
+
+    built = progress_of(RunRow(state="succeeded", batches_total=2, batches_succeeded=2, index_build_seconds=12.25))
+    assert built["indexBuildSeconds"] == 12.25
+    assert "indexBuildSeconds" not in progress_of(RunRow(state="succeeded", batches_total=2, batches_succeeded=2))

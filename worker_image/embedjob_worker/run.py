@@ -6,7 +6,7 @@ without the records whose vector is up to date (embedjob_worker.incremental); on
 first batch needs the model, lease the shared pool if the job runs on one, start the
 actors and wait for their model, and run the batches through the Dispatcher into the
 SinkWriter. Finally delete the vectors of ids gone from the source if sync.deleteMissing
-says so, and record how the run ended.
+says so, build the vector index the spec asks for, and record how the run ended.
 """
 
 from __future__ import annotations
