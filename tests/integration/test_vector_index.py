@@ -10,6 +10,8 @@ from embedjob_worker.errors import JobFailed
 from embedjob_worker.records import Record
 from embedjob_worker.search import nearest, vector_literal
 from embedjob_worker.sink import AttemptRow, BatchOutcome, PostgresSink, content_salt, now
+from embedjob_worker.tally import RunTally
+from embedjob_worker.writer import SinkWriter
 from embedjob_worker.vector_index import COSINE, INNER_PRODUCT, ensure_index, index_name
 
 HNSW = VectorIndex(type="hnsw")
@@ -121,6 +123,12 @@ def test_halfvec_refuses_a_component_beyond_its_range(database_url):
                         now(), vectors=np.full((1, 8), 1e6, dtype=np.float32), worker="w")
     with pytest.raises(JobFailed, match=r"record 'big-one' \(batch big\).*halfvec's range"):
         sink.write(run.run_id, [huge], [], {})
+    # Through the writer thread, as the driver writes: the run fails with this reason, not InternalError.
+    writer = SinkWriter(sink, run.run_id, RunTally())
+    writer.put_outcome(huge)
+    writer.close()
+    assert writer.failure().reason == "VectorOutOfRange"
+    assert query(database_url, "SELECT count(*) FROM vectors WHERE record_id = 'big-one'")[0][0] == 0
     sink.close()
 
 

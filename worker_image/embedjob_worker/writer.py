@@ -69,6 +69,8 @@ class SinkWriter:
         """Why writing failed for good: the database was lost, or a write the driver did not foresee failed."""
         if self.error is None:
             return None
+        if isinstance(self.error, JobFailed):  # a reason of its own (e.g. VectorOutOfRange), passed on as it is
+            return self.error
         if isinstance(self.error, DB_ERRORS):
             return JobFailed("DatabaseUnavailable", f"writing to the database failed: {self.error}")
         return JobFailed("InternalError", f"writing to the database failed: {type(self.error).__name__}: "
