@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from .api_rules import cel
-from .api_sections import ApiModel, Batching, Model, Retry, Sink, Source, Workers
+from .api_sections import HALF_PRECISIONS, ApiModel, Batching, Model, Retry, Sink, Source, Workers
 
 GROUP = "embedjob.dev"
 VERSION = "v1alpha1"
@@ -38,6 +38,7 @@ DEFAULT_TTL_SECONDS_AFTER_FINISHED = 600
 RAY_CLUSTER_SELECTOR_KEY = "ray.io/cluster"
 LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+HALF_NEEDS_GPU = "model.precision float16/bfloat16 runs on a GPU: set workers.gpusPerActor above 0"
 
 
 class EmbeddingJobSpec(ApiModel):
@@ -74,6 +75,12 @@ class EmbeddingJobSpec(ApiModel):
                     "clusterSelector keys must be valid label keys",
                     ".clusterSelector",
                 ),
+                cel(
+                    f"!has(self.model.precision) || !(self.model.precision in {list(HALF_PRECISIONS)}) "
+                    "|| (has(self.workers) && has(self.workers.gpusPerActor) && self.workers.gpusPerActor > 0.0)",
+                    HALF_NEEDS_GPU,
+                    ".model.precision",
+                ),
             ]
         }
     )
@@ -106,6 +113,12 @@ class EmbeddingJobSpec(ApiModel):
         description="Labels of an existing RayCluster to run on instead of creating one; must include "
         f"{RAY_CLUSTER_SELECTOR_KEY} (the cluster's name). The cluster is shared and kept (docs/pools.md).",
     )
+
+    @model_validator(mode="after")
+    def _half_precision_on_gpu(self) -> "EmbeddingJobSpec":
+        if self.model.precision in HALF_PRECISIONS and not self.workers.gpus_per_actor:
+            raise ValueError(HALF_NEEDS_GPU)
+        return self
 
 
 def parse_spec(data: dict[str, Any]) -> EmbeddingJobSpec:
