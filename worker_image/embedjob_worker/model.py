@@ -20,13 +20,14 @@ from pathlib import Path
 
 from embedjob.api import Model
 from embedjob.api_sections import ModelBackend, ModelPrecision
+from embedjob.db import runs
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".onnx")
 # A directory holding a sentence-transformers model has one of these.
 _MODEL_MARKERS = ("modules.json", "config_sentence_transformers.json")
 REVISION_HEX_CHARS = 16
-# The vectors table's revision column (embedjob.db) holds at most this many characters.
-REVISION_MAX_CHARS = 128
+# The revision columns (of the run rows and the vectors table) hold at most this many characters.
+REVISION_MAX_CHARS = runs.c.revision.type.length
 # A spec revision never contains "+" (its pattern), so the tag cannot be mistaken for one.
 BACKEND_TAG_SEPARATOR = "+"
 # What each backend needs installed in the worker image (sentence-transformers' extras).
