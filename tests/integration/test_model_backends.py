@@ -1,7 +1,6 @@
 """Model backends and precisions with the real packaged model: vectors close to float32 torch, and
 jobs whose vectors are recorded under a revision that names backend and precision."""
 
-import importlib.metadata
 import json
 
 import numpy as np
@@ -10,7 +9,7 @@ import yaml
 
 from embedjob.api import parse_spec
 from embedjob_worker.exported import export_model
-from embedjob_worker.model import load_model, resolve_model
+from embedjob_worker.model import check_backend_installed, load_model, resolve_model
 from support.cli import EMBEDJOB, manifest, run
 from support.driver_jobs import corpus_lines, write_input
 from support.manifests import merged
@@ -22,9 +21,9 @@ TEXTS = [json.loads(line)["text"] for line in corpus_lines(0, 200)]
 
 def onnx_installed() -> bool:
     try:
-        importlib.metadata.version("optimum-onnx")
+        check_backend_installed("onnx")
         return True
-    except importlib.metadata.PackageNotFoundError:
+    except ValueError:
         return False
 
 
@@ -73,7 +72,7 @@ def test_openvino_int8_stays_within_the_quality_target(cache_env, torch_vectors)
     assert found.mean() < 0.99999  # quantized: not the float model again
 
 
-@pytest.mark.skipif(not onnx_installed(), reason="optimum-onnx is not installed (it needs transformers <4.58)")
+@pytest.mark.skipif(not onnx_installed(), reason="optimum-onnx or onnxruntime is not installed")
 def test_onnx_float32_and_int8_vectors_match_torch(cache_env, torch_vectors):
     float_spec, int8_spec = resolved("onnx"), resolved("onnx", "int8")
     assert cosines(load_model(float_spec, "cpu", export_model(float_spec)), torch_vectors).min() > 0.999
@@ -81,14 +80,14 @@ def test_onnx_float32_and_int8_vectors_match_torch(cache_env, torch_vectors):
     assert found.mean() >= 0.99 and found.min() >= 0.97, (found.mean(), found.min())
 
 
-@pytest.mark.skipif(onnx_installed(), reason="optimum-onnx is installed")
+@pytest.mark.skipif(onnx_installed(), reason="optimum-onnx and onnxruntime are installed")
 def test_a_job_with_backend_onnx_is_refused_naming_the_field_when_the_image_lacks_it(tmp_path, database_url):
     source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 10))
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(merged(manifest(str(source)), {"spec": {"model": {"backend": "onnx"}}})))
     result = run([*EMBEDJOB, "run", str(job), "--database-url", database_url])
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    assert "ModelUnavailable: spec.model: backend onnx needs optimum-onnx" in result.stdout, result.stdout
+    assert "ModelUnavailable: spec.model: backend onnx needs " in result.stdout, result.stdout
 
 
 def test_vectors_of_each_backend_and_precision_are_kept_apart(tmp_path, database_url, cache_env):
