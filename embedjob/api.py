@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from .api_rules import LABEL_KEY, LABEL_VALUE, cel
 from .api_pods import Head
-from .api_sections import ApiModel, Batching, Model, Retry, Sink, Source, Sync, Workers
+from .api_sections import HALF_PRECISIONS, ApiModel, Batching, Model, Retry, Sink, Source, Sync, Workers
 
 GROUP = "embedjob.dev"
 VERSION = "v1alpha1"
@@ -42,6 +42,7 @@ RAY_CLUSTER_SELECTOR_KEY = "ray.io/cluster"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A Kueue WorkloadPriorityClass name, also carried as a label value.
 DNS_SUBDOMAIN_LABEL_VALUE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+HALF_NEEDS_GPU = "model.precision float16/bfloat16 runs on a GPU: set workers.gpusPerActor above 0"
 
 
 class EmbeddingJobSpec(ApiModel):
@@ -97,6 +98,12 @@ class EmbeddingJobSpec(ApiModel):
                     "(deactivate its Workload to hold it: docs/kueue.md)",
                     ".suspend",
                 ),
+                cel(
+                    f"!has(self.model.precision) || !(self.model.precision in {list(HALF_PRECISIONS)}) "
+                    "|| (has(self.workers) && has(self.workers.gpusPerActor) && self.workers.gpusPerActor > 0.0)",
+                    HALF_NEEDS_GPU,
+                    ".model.precision",
+                ),
             ]
         }
     )
@@ -145,6 +152,12 @@ class EmbeddingJobSpec(ApiModel):
         description="A Kueue WorkloadPriorityClass for the job in its queue (label kueue.x-k8s.io/priority-class): "
         "it orders the queue and lets a job preempt lower-priority ones.",
     )
+
+    @model_validator(mode="after")
+    def _half_precision_on_gpu(self) -> "EmbeddingJobSpec":
+        if self.model.precision in HALF_PRECISIONS and not self.workers.gpus_per_actor:
+            raise ValueError(HALF_NEEDS_GPU)
+        return self
 
 
 def parse_spec(data: dict[str, Any]) -> EmbeddingJobSpec:

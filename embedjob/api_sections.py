@@ -81,6 +81,28 @@ class Source(ApiModel):
         return self
 
 
+class ModelBackend(str, Enum):
+    """sentence-transformers' own `backend=`: the runtime that executes the transformer."""
+
+    torch = "torch"
+    onnx = "onnx"
+    openvino = "openvino"
+
+
+class ModelPrecision(str, Enum):
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+    int8 = "int8"
+
+
+# Half precisions are torch's, on a GPU; int8 is dynamic quantization for a CPU runtime.
+HALF_PRECISIONS = (ModelPrecision.float16.value, ModelPrecision.bfloat16.value)
+INT8_BACKENDS = (ModelBackend.onnx.value, ModelBackend.openvino.value)
+HALF_NEEDS_TORCH = "precision float16/bfloat16 needs backend torch (half precisions run on a GPU)"
+INT8_NEEDS_EXPORT = "precision int8 needs backend onnx or openvino (dynamic quantization on CPU)"
+
+
 class Model(ApiModel):
     """The sentence-transformers model, pinned: a revision (hub commit), a path or a package."""
 
@@ -98,6 +120,11 @@ class Model(ApiModel):
                     ".path",
                 ),
                 MODEL_PATH_RULE.cel(),
+                # has(): the API server checks the rules before the defaults are filled in.
+                cel(f"!has(self.precision) || !(self.precision in {list(HALF_PRECISIONS)}) || !has(self.backend) "
+                    "|| self.backend == 'torch'", HALF_NEEDS_TORCH, ".precision"),
+                cel(f"!has(self.precision) || self.precision != 'int8' || (has(self.backend) "
+                    f"&& self.backend in {list(INT8_BACKENDS)})", INT8_NEEDS_EXPORT, ".precision"),
             ]
         }
     )
@@ -138,10 +165,33 @@ class Model(ApiModel):
         "Unset: the model's own limit.",
     )
 
+    backend: ModelBackend = Field(
+        ModelBackend.torch,
+        description="Runtime of the transformer (sentence-transformers' backend): torch, onnx or openvino. "
+        "onnx and openvino models are exported (and quantized) once per job by the driver. Recorded in the "
+        "vectors' revision.",
+    )
+    precision: ModelPrecision = Field(
+        ModelPrecision.float32,
+        description="Numeric precision: float32; float16 or bfloat16 (backend torch, on a GPU: gpusPerActor > 0); "
+        "int8 (backend onnx or openvino: dynamic quantization on CPU). Recorded in the vectors' revision, so "
+        "vectors of different precisions never mix.",
+    )
+
     @field_validator("path")
     @classmethod
     def _not_a_system_root(cls, path: str | None) -> str | None:
         return MODEL_PATH_RULE.enforce(path)
+
+    @field_validator("precision")
+    @classmethod
+    def _precision_fits_backend(cls, precision: str, info: ValidationInfo) -> str:
+        backend = info.data.get("backend", ModelBackend.torch.value)
+        if precision in HALF_PRECISIONS and backend != ModelBackend.torch.value:
+            raise ValueError(HALF_NEEDS_TORCH)
+        if precision == ModelPrecision.int8.value and backend not in INT8_BACKENDS:
+            raise ValueError(INT8_NEEDS_EXPORT)
+        return precision
 
 
 # batchSize's maximum × maxSeqLength's: a larger budget never cuts a batch.

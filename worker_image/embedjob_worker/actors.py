@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .model import ResolvedModel, load_model, weights_revision
+from .exported import ExportedModel, materialize
+from .model import ResolvedModel, load_model, loaded_revision
 
 
 class EmbeddingWorker:
@@ -21,21 +22,24 @@ class EmbeddingWorker:
     {"hang_once_file": PATH} makes the first `embed` of any actor that creates PATH hang.
     """
 
-    def __init__(self, resolved: ResolvedModel, num_cpus: float, num_gpus: float,
+    def __init__(self, resolved: ResolvedModel, exported: ExportedModel | None, num_cpus: float, num_gpus: float,
                  fault_injection: dict[str, Any] | None = None):
         import ray
         import torch
 
         # Ray leaves torch at one thread unless told; the actor's CPUs are its threads.
-        torch.set_num_threads(max(1, int(round(num_cpus))))
+        threads = max(1, int(round(num_cpus)))
+        torch.set_num_threads(threads)
         started = time.monotonic()
-        self.model = load_model(resolved, device="cuda" if num_gpus > 0 else "cpu")
+        # `exported`: the driver's one export of an onnx/openvino model (embedjob_worker.exported).
+        exported_dir = materialize(exported) if exported is not None else None
+        self.model = load_model(resolved, "cuda" if num_gpus > 0 else "cpu", exported_dir, threads)
         self.load_seconds = time.monotonic() - started
         # Wall clock: a job that reuses a pool actor sees when another job loaded the model.
         self.loaded_at = time.time()
         self.name = resolved.name
-        # Recomputed from the files this actor actually loaded, not copied from the driver.
-        self.revision = weights_revision(resolved.location) if resolved.hub_revision is None else resolved.hub_revision
+        # Recomputed from the files on this actor's node, not copied from the driver.
+        self.revision = loaded_revision(resolved)
         self.normalize = resolved.normalize
         self.max_tokens = self.model.max_seq_length
         self.faults = fault_injection or {}

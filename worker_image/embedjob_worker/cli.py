@@ -199,12 +199,18 @@ def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     import sqlalchemy as sa
     from transformers.utils import logging as transformers_logging
 
+    from .exported import export_model
     from .model import load_model, resolve_model
 
     transformers_logging.disable_progress_bar()  # no "Loading weights" bar before the answer
-    resolved = resolve_model(config.spec.model)
-    model = load_model(resolved, device="cpu")
-    query = model.encode([args.query], normalize_embeddings=True, convert_to_numpy=True)[0]
+    try:
+        resolved = resolve_model(config.spec.model)
+    except (OSError, ValueError) as exc:
+        print(f"embedjob: spec.model: {exc}", file=sys.stderr)
+        return ExitCode.INVALID_CONFIG
+    # The query is embedded like the vectors: same backend, precision and export (from this machine's cache).
+    model = load_model(resolved, "cpu", export_model(resolved) if resolved.exported else None)
+    query = model.encode([args.query], normalize_embeddings=True, convert_to_numpy=True)[0].astype("float32")
     sink = config.spec.sink
     engine = db.create_engine(url)
     try:

@@ -116,6 +116,8 @@ class JobRun:
             failure = failure or self._build_index()
         except Unreachable:
             raise
+        except JobFailed as exc:  # raised while the actors are being set up (e.g. the model's export)
+            failure = exc
         except Exception as exc:  # noqa: BLE001 - unforeseen: the run still ends failed, with the reason
             log.exception("unforeseen error in run %s", start.run_id)
             failure = JobFailed("InternalError", f"{type(exc).__name__}: {exc}"[:4000])

@@ -10,6 +10,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from .actors import EmbeddingWorker
 from .config import JobConfig
 from .errors import JobFailed
+from .exported import model_for_actors
 from .lease import PoolLease
 from .model import ResolvedModel
 from .pools import POOL_NAMESPACE, pool_actor_name
@@ -49,7 +50,8 @@ class ActorSet:
         if self.shared_pool:
             # get_if_exists: jobs starting together end up with the same actors, not a name clash.
             self._actor_options.update(lifetime="detached", namespace=POOL_NAMESPACE, get_if_exists=True)
-        self._args = (resolved, workers.cpus_per_actor, workers.gpus_per_actor, fault_injection)
+        self._args = (resolved, model_for_actors(resolved), workers.cpus_per_actor, workers.gpus_per_actor,
+                      fault_injection)
         self.job_key = config.job_key
         self.generations = [0] * workers.replicas
         self.actors = [self._start(slot) for slot in range(workers.replicas)]

@@ -1,0 +1,137 @@
+"""Model backends and precisions with the real packaged model: vectors close to float32 torch, and
+jobs whose vectors are recorded under a revision that names backend and precision."""
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from embedjob.api import parse_spec
+from embedjob_worker.exported import export_model
+from embedjob_worker.model import check_backend_installed, load_model, resolve_model
+from support.cli import EMBEDJOB, manifest, run
+from support.driver_jobs import corpus_lines, write_input
+from support.manifests import merged
+from support.sql import query
+
+pytestmark = pytest.mark.slow
+TEXTS = [json.loads(line)["text"] for line in corpus_lines(0, 200)]
+
+
+def onnx_installed() -> bool:
+    try:
+        check_backend_installed("onnx")
+        return True
+    except ValueError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def export_cache(tmp_path_factory):
+    """One export cache for the module: each export is made once (about 10-30 s each here)."""
+    return tmp_path_factory.mktemp("exports")
+
+
+@pytest.fixture
+def cache_env(export_cache, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(export_cache))
+    return {"XDG_CACHE_HOME": str(export_cache)}
+
+
+def resolved(backend: str = "torch", precision: str = "float32"):
+    spec = manifest("x.jsonl")["spec"]
+    return resolve_model(parse_spec(merged(spec, {"model": {"backend": backend, "precision": precision}})).model)
+
+
+@pytest.fixture(scope="module")
+def torch_vectors():
+    return load_model(resolved(), "cpu").encode(TEXTS, batch_size=32, normalize_embeddings=True)
+
+
+def cosines(model, reference: np.ndarray) -> np.ndarray:
+    vectors = model.encode(TEXTS, batch_size=32, normalize_embeddings=True).astype(np.float32)
+    return (vectors * reference).sum(axis=1)
+
+
+def test_openvino_float32_vectors_match_torch(cache_env, torch_vectors):
+    model_spec = resolved("openvino")
+    directory = export_model(model_spec)
+    assert (directory / "openvino" / "openvino_model.xml").is_file()
+    assert export_model(model_spec) == directory  # cached: exported once
+    assert cosines(load_model(model_spec, "cpu", directory, threads=2), torch_vectors).min() > 0.999
+
+
+def test_openvino_int8_stays_within_the_quality_target(cache_env, torch_vectors):
+    model_spec = resolved("openvino", "int8")
+    directory = export_model(model_spec)
+    float_weights = export_model(resolved("openvino")) / "openvino" / "openvino_model.bin"
+    assert (directory / "openvino" / "openvino_model.bin").stat().st_size < float_weights.stat().st_size / 2
+    found = cosines(load_model(model_spec, "cpu", directory, threads=2), torch_vectors)
+    assert found.mean() >= 0.99 and found.min() >= 0.97, (found.mean(), found.min())
+    assert found.mean() < 0.99999  # quantized: not the float model again
+
+
+@pytest.mark.skipif(not onnx_installed(), reason="optimum-onnx or onnxruntime is not installed")
+def test_onnx_float32_and_int8_vectors_match_torch(cache_env, torch_vectors):
+    float_spec, int8_spec = resolved("onnx"), resolved("onnx", "int8")
+    assert cosines(load_model(float_spec, "cpu", export_model(float_spec)), torch_vectors).min() > 0.999
+    found = cosines(load_model(int8_spec, "cpu", export_model(int8_spec)), torch_vectors)
+    assert found.mean() >= 0.99 and found.min() >= 0.97, (found.mean(), found.min())
+
+
+@pytest.mark.skipif(onnx_installed(), reason="optimum-onnx and onnxruntime are installed")
+def test_a_job_with_backend_onnx_is_refused_naming_the_field_when_the_image_lacks_it(tmp_path, database_url):
+    source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 10))
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(merged(manifest(str(source)), {"spec": {"model": {"backend": "onnx"}}})))
+    result = run([*EMBEDJOB, "run", str(job), "--database-url", database_url])
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "ModelUnavailable: spec.model: backend onnx needs " in result.stdout, result.stdout
+
+
+def test_vectors_of_each_backend_and_precision_are_kept_apart(tmp_path, database_url, cache_env):
+    source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 64))
+    quantized, plain = tmp_path / "openvino-int8.yaml", tmp_path / "torch.yaml"
+    quantized.write_text(yaml.safe_dump(merged(manifest(str(source)), {"spec": {"model": {
+        "backend": "openvino", "precision": "int8"}}})))
+    plain.write_text(yaml.safe_dump(manifest(str(source))))
+    base_revision = resolved().revision
+
+    first = run([*EMBEDJOB, "run", str(quantized), "--database-url", database_url], env=cache_env, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert query(database_url, "SELECT revision, count(*) FROM embeddings GROUP BY 1") == \
+        [(f"{base_revision}+openvino-int8", 64)]
+    written = query(database_url, "SELECT record_id, embedding::text FROM embeddings ORDER BY 1")
+
+    # the same job with torch float32: another revision, so not a resume of the int8 run
+    refused = run([*EMBEDJOB, "run", str(plain), "--database-url", database_url], env=cache_env)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"model.revision changed from '{base_revision}+openvino-int8' to '{base_revision}'" in refused.stdout
+    anew = run([*EMBEDJOB, "run", str(plain), "--new-run", "--database-url", database_url], env=cache_env)
+    assert anew.returncode == 0, anew.stdout + anew.stderr
+    assert "records embedded   64" in anew.stdout
+    assert query(database_url, "SELECT revision, count(*) FROM embeddings GROUP BY 1 ORDER BY 1") == \
+        [(base_revision, 64), (f"{base_revision}+openvino-int8", 64)]
+    assert query(database_url, "SELECT record_id, embedding::text FROM embeddings WHERE revision LIKE '%+%' "
+                               "ORDER BY 1") == written  # not overwritten
+    runs = query(database_url, "SELECT revision, state FROM embedjob_runs WHERE state <> 'failed' ORDER BY started_at")
+    assert runs == [(f"{base_revision}+openvino-int8", "succeeded"), (base_revision, "succeeded")]
+
+    # search embeds the query with the manifest's backend and precision, and reads that revision's vectors
+    first_text = TEXTS[0]
+    found = run([*EMBEDJOB, "search", str(quantized), first_text, "-k", "1", "--database-url", database_url],
+                env=cache_env)
+    assert found.returncode == 0, found.stderr
+    distance, record_id, _ = found.stdout.strip().splitlines()[1].split(maxsplit=2)
+    assert record_id == json.loads(corpus_lines(0, 1)[0])["id"] and float(distance) < 0.01
+
+
+def test_a_half_precision_job_on_a_ray_without_gpus_is_refused_naming_the_field(tmp_path, database_url):
+    source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 10))
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(merged(manifest(str(source)), {"spec": {
+        "model": {"precision": "float16"}, "workers": {"gpusPerActor": 1}}})))
+    result = run([*EMBEDJOB, "run", str(job), "--database-url", database_url])
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "NoGPU: spec.model.precision float16 runs on a GPU and the Ray cluster has none" in result.stdout
