@@ -38,7 +38,7 @@ def texts_by_length(count: int) -> list[str]:
 
 def load(backend: str, precision: str, threads: int):
     """The model as a job's actor would load it; None when the backend is not installed here."""
-    from embedjob.api_sections import Model
+    from embedjob.api_model import Model
     from embedjob_worker.exported import export_model
     from embedjob_worker.model import load_model, resolve_model
 

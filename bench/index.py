@@ -24,7 +24,7 @@ import numpy as np
 from rounds import machine, report, run_rounds
 from sink import DIM, GROUP_BATCHES, fresh_sink, outcomes
 
-from embedjob.api_sections import VectorIndex
+from embedjob.api_sink import VectorIndex
 from embedjob_worker.records import Record
 from embedjob_worker.search import nearest
 from embedjob_worker.sink import AttemptRow, BatchOutcome, PostgresSink, now
@@ -65,7 +65,7 @@ def paragraphs(count: int) -> list[tuple[str, str]]:
 
 
 def recall(texts: int, queries: int, ef_searches: list[int]) -> str:
-    from embedjob.api_sections import Model
+    from embedjob.api_model import Model
     from embedjob_worker.model import load_model, resolve_model
 
     model = load_model(resolve_model(Model(name="sentence-transformers/all-MiniLM-L6-v2",

@@ -21,7 +21,9 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from .api_rules import LABEL_KEY, LABEL_VALUE, cel
 from .api_pods import Head
-from .api_sections import HALF_PRECISIONS, ApiModel, Batching, Model, Retry, Sink, Source, Sync, Workers
+from .api_model import HALF_PRECISIONS, Model
+from .api_sections import ApiModel, Batching, Retry, Source, Sync, Workers
+from .api_sink import Sink
 
 GROUP = "embedjob.dev"
 VERSION = "v1alpha1"

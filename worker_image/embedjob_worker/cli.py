@@ -19,7 +19,7 @@ from tqdm import tqdm  # noqa: E402
 
 from embedjob import db  # noqa: E402
 from embedjob.api import RunCounters, SpecError  # noqa: E402
-from embedjob.api_sections import IndexType, VectorIndex  # noqa: E402
+from embedjob.api_sink import IndexType, VectorIndex  # noqa: E402
 from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, ExitCode  # noqa: E402
 
 from .config import JobConfig  # noqa: E402

@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedjob.api_sections import HALF_PRECISIONS
+from embedjob.api_model import HALF_PRECISIONS
 
 from .errors import JobFailed
 from .model import ResolvedModel

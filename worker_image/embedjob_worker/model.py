@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedjob.api import Model
-from embedjob.api_sections import ModelBackend, ModelPrecision
+from embedjob.api_model import ModelBackend, ModelPrecision
 from embedjob.db import runs
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".onnx")

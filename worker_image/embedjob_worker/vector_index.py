@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from embedjob import db
-from embedjob.api_sections import HNSW_DEFAULT_EF_CONSTRUCTION, HNSW_DEFAULT_M, VectorIndex
+from embedjob.api_sink import HNSW_DEFAULT_EF_CONSTRUCTION, HNSW_DEFAULT_M, VectorIndex
 
 from .errors import JobFailed
 from .logs import log_event

@@ -1,0 +1,119 @@
+"""The sink section of the EmbeddingJob spec: the pgvector table, its vector type and its index."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from .api_base import SQL_IDENTIFIER, ApiModel, SecretKeyRef
+from .api_rules import NOT_BLANK, TABLE_RULE, cel
+
+
+class VectorType(str, Enum):
+    vector = "vector"  # 4 bytes a dimension
+    halfvec = "halfvec"  # 2 bytes a dimension (IEEE half precision)
+
+
+class IndexType(str, Enum):
+    hnsw = "hnsw"
+    none = "none"
+
+
+# pgvector's HNSW bounds (hnsw.h: HNSW_MIN_M .. HNSW_MAX_M, HNSW_MAX_EF_CONSTRUCTION) and its defaults.
+HNSW_DEFAULT_M = 16
+HNSW_DEFAULT_EF_CONSTRUCTION = 64
+_EF_RULE = (f"(has(self.efConstruction) ? self.efConstruction : {HNSW_DEFAULT_EF_CONSTRUCTION}) >= "
+            f"2 * (has(self.m) ? self.m : {HNSW_DEFAULT_M})")
+_EF_MESSAGE = "efConstruction must be at least 2 * m (pgvector's rule)"
+_NONE_RULE = "self.type == 'hnsw' || (!has(self.m) && !has(self.efConstruction))"
+_NONE_MESSAGE = "m and efConstruction apply to type hnsw only"
+
+
+class VectorIndex(ApiModel):
+    """The approximate nearest-neighbour index on the vectors table (pgvector), built after the load when missing."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [
+            cel(_EF_RULE, _EF_MESSAGE, ".efConstruction"), cel(_NONE_RULE, _NONE_MESSAGE, ".type")]}
+    )
+
+    type: IndexType = Field(
+        IndexType.none, validate_default=True,
+        description="hnsw: a pgvector HNSW index with the operator class that matches model.normalize (inner "
+        "product for normalised vectors, cosine otherwise); none: no index (exact search by sequential scan).",
+    )
+    m: int | None = Field(
+        None, ge=2, le=100,
+        description=f"HNSW links per node (2-100). Unset: {HNSW_DEFAULT_M}. More gives better recall, a larger "
+        "index and a slower build.",
+    )
+    ef_construction: int | None = Field(
+        None, ge=4, le=1000,
+        description=f"HNSW candidate list size while building (4-1000, at least 2 * m). Unset: "
+        f"{HNSW_DEFAULT_EF_CONSTRUCTION}.",
+    )
+
+    @property
+    def hnsw_m(self) -> int:
+        return self.m or HNSW_DEFAULT_M
+
+    @property
+    def hnsw_ef_construction(self) -> int:
+        return self.ef_construction or HNSW_DEFAULT_EF_CONSTRUCTION
+
+    @model_validator(mode="after")
+    def _pgvector_rules(self) -> "VectorIndex":
+        if self.type != IndexType.hnsw and (self.m is not None or self.ef_construction is not None):
+            raise ValueError(_NONE_MESSAGE)
+        if self.hnsw_ef_construction < 2 * self.hnsw_m:
+            raise ValueError(f"{_EF_MESSAGE}: efConstruction {self.hnsw_ef_construction} < 2 * m {self.hnsw_m}")
+        return self
+
+
+class Sink(ApiModel):
+    """Where the vectors go: a pgvector table in PostgreSQL."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                TABLE_RULE.cel(),
+            ]
+        }
+    )
+
+    database_secret_ref: SecretKeyRef = Field(
+        description="Secret key holding the PostgreSQL URL (postgresql://user:pass@host:5432/db); it reaches the "
+        "Ray pods only as an environment variable from the Secret."
+    )
+    table: str = Field(
+        "embeddings", pattern=SQL_IDENTIFIER,
+        description="Vectors table, created with the pgvector extension if missing (a lowercase SQL identifier; "
+        "not one of embedjob's own embedjob_* tables).",
+    )
+    collection: str = Field(
+        "default", min_length=1, max_length=128, pattern=NOT_BLANK,
+        description="Namespace of record ids in the table: a record's vector row is keyed by collection, record "
+        "id, model and revision (no leading or trailing white space).",
+    )
+
+    vector_type: VectorType = Field(
+        VectorType.vector, validate_default=True,
+        description="Column type of the vectors: vector (32-bit floats) or halfvec (16-bit floats, half the "
+        "bytes per row). A table keeps the type it was created with; a job of the other type is refused.",
+    )
+    index: VectorIndex | None = Field(
+        None,
+        description="Vector index built on the table after a successful run when missing (docs/vector-index.md); "
+        "none unless type is hnsw.",
+    )
+
+    @field_validator("table")
+    @classmethod
+    def _not_reserved(cls, table: str) -> str:
+        return TABLE_RULE.enforce(table)
+
+    @property
+    def hnsw(self) -> VectorIndex | None:
+        """The HNSW index the job asks for, or None."""
+        return self.index if self.index is not None and self.index.type == IndexType.hnsw else None
