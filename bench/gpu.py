@@ -149,7 +149,7 @@ def actor_pool(resolved, actors: int, gpu: bool, half: bool, batches: list) -> C
     remote = ray.remote(HalfPrecisionWorker)
 
     def run() -> float:
-        pool = [remote.options(num_cpus=CPUS_PER_ACTOR, num_gpus=share).remote(resolved, CPUS_PER_ACTOR, share)
+        pool = [remote.options(num_cpus=CPUS_PER_ACTOR, num_gpus=share).remote(resolved, None, CPUS_PER_ACTOR, share)
                 for _ in range(actors)]
         try:
             ray.get([a.info.remote() for a in pool])
