@@ -2,14 +2,16 @@
 
 build: ROWS generated 384-dim unit vectors written the way the driver writes them (bench/sink.py's
 groups), into a fresh database each time; "after load" loads the table and then builds the index
-as the driver does after a run (vector_index.ensure_index), "during load" creates the index on the
-empty table first. Interleaved rounds; seconds (lower is better), median and range.
+as the driver does after a run (vector_index.ensure_index), once per --build-memory: with
+spec.sink.index.buildMemory that size, or with the database's own maintenance_work_mem (64MB)
+for "default"; "during load" creates the index on the empty table first. Interleaved rounds; seconds (lower is better),
+median and range.
 
 recall: PEP paragraphs embedded once by the packaged all-MiniLM-L6-v2, stored as vector and as
 halfvec with the index; recall@10 of `embedjob search`'s query (search.nearest) for held-out
 paragraphs against the exact float32 neighbours, at several hnsw.ef_search.
 
-    python bench/index.py build [--rows 100000] [--rounds 3]
+    python bench/index.py build [--rows 100000] [--rounds 3] [--build-memory default 1Gi]
     HF_HUB_OFFLINE=1 python bench/index.py recall [--texts 3000] [--queries 200]
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -42,12 +45,13 @@ def load(sink: PostgresSink, run_id: str, batches: list[BatchOutcome]) -> float:
     return time.perf_counter() - started
 
 
-def build_after_load(rows: int) -> dict[str, float]:
+def build_after_load(rows: int, index: VectorIndex) -> dict[str, float]:
     with fresh_sink(job="index") as (sink, run_id):
         sink.ensure_vectors_table(DIM)
         loading = load(sink, run_id, outcomes(rows, "v1"))
-        building = ensure_index(sink.engine, sink.table, "vector", INNER_PRODUCT, HNSW).seconds
-    return {"load s": loading, "index build s": building, "total s": loading + building}
+        built = ensure_index(sink.engine, sink.table, "vector", INNER_PRODUCT, index)
+    print(f"built with buildMemory {index.build_memory}: {built.note or 'the graph fitted in memory'}", file=sys.stderr)
+    return {"load s": loading, "index build s": built.seconds, "total s": loading + built.seconds}
 
 
 def index_during_load(rows: int) -> dict[str, float]:
@@ -106,6 +110,8 @@ def main() -> None:
     build = commands.add_parser("build")
     build.add_argument("--rows", type=int, default=100_000)
     build.add_argument("--rounds", type=int, default=3)
+    build.add_argument("--build-memory", nargs="+", default=["default", "1Gi"],
+                       help="spec.sink.index.buildMemory of each after-load contender (default: the database's)")
     search = commands.add_parser("recall")
     search.add_argument("--texts", type=int, default=3000)
     search.add_argument("--queries", type=int, default=200)
@@ -113,9 +119,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "build":
         print(f"{args.rows} rows of vector({DIM}), HNSW m 16, ef_construction 64, vector_ip_ops")
-        print(report(run_rounds({"index after load": lambda: build_after_load(args.rows),
-                                 "index during load": lambda: index_during_load(args.rows)}, rounds=args.rounds),
-                     unit="seconds"))
+        indexes = {memory: VectorIndex(type="hnsw", build_memory=None if memory == "default" else memory)
+                   for memory in args.build_memory}
+        contenders = {f"index after load, buildMemory {memory}": (lambda index=index: build_after_load(args.rows, index))
+                      for memory, index in indexes.items()}
+        contenders["index during load"] = lambda: index_during_load(args.rows)
+        print(report(run_rounds(contenders, rounds=args.rounds), unit="seconds"))
     else:
         print(recall(args.texts, args.queries, args.ef_search))
 

@@ -7,7 +7,8 @@ from enum import Enum
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .api_base import SQL_IDENTIFIER, ApiModel, SecretKeyRef
-from .api_rules import NOT_BLANK, TABLE_RULE, cel
+from .api_pod_rules import QUANTITY, quantity_value
+from .api_rules import NOT_BLANK, TABLE_RULE, FieldRule, cel
 
 
 class VectorType(str, Enum):
@@ -26,8 +27,18 @@ HNSW_DEFAULT_EF_CONSTRUCTION = 64
 _EF_RULE = (f"(has(self.efConstruction) ? self.efConstruction : {HNSW_DEFAULT_EF_CONSTRUCTION}) >= "
             f"2 * (has(self.m) ? self.m : {HNSW_DEFAULT_M})")
 _EF_MESSAGE = "efConstruction must be at least 2 * m (pgvector's rule)"
-_NONE_RULE = "self.type == 'hnsw' || (!has(self.m) && !has(self.efConstruction))"
-_NONE_MESSAGE = "m and efConstruction apply to type hnsw only"
+_NONE_RULE = "self.type == 'hnsw' || (!has(self.m) && !has(self.efConstruction) && !has(self.buildMemory))"
+_NONE_MESSAGE = "m, efConstruction and buildMemory apply to type hnsw only"
+# PostgreSQL's maintenance_work_mem bounds, in whole kB: 1 MiB (below that pgvector's graph cannot be held
+# at all) to 2047 GiB (its MAX_KILOBYTES is INT_MAX kB).
+_BUILD_MEMORY_MIN, _BUILD_MEMORY_MAX = "1Mi", "2047Gi"
+BUILD_MEMORY_RULE = FieldRule(
+    "buildMemory",
+    f"quantity(self.buildMemory).compareTo(quantity('{_BUILD_MEMORY_MIN}')) >= 0 && "
+    f"quantity(self.buildMemory).compareTo(quantity('{_BUILD_MEMORY_MAX}')) <= 0",
+    lambda text: quantity_value(_BUILD_MEMORY_MIN) <= quantity_value(text) <= quantity_value(_BUILD_MEMORY_MAX),
+    f"buildMemory must be between {_BUILD_MEMORY_MIN} and {_BUILD_MEMORY_MAX}",
+)
 
 
 class VectorIndex(ApiModel):
@@ -35,7 +46,8 @@ class VectorIndex(ApiModel):
 
     model_config = ConfigDict(
         json_schema_extra={"x-kubernetes-validations": [
-            cel(_EF_RULE, _EF_MESSAGE, ".efConstruction"), cel(_NONE_RULE, _NONE_MESSAGE, ".type")]}
+            cel(_EF_RULE, _EF_MESSAGE, ".efConstruction"), cel(_NONE_RULE, _NONE_MESSAGE, ".type"),
+            BUILD_MEMORY_RULE.cel()]}
     )
 
     type: IndexType = Field(
@@ -53,6 +65,14 @@ class VectorIndex(ApiModel):
         description=f"HNSW candidate list size while building (4-1000, at least 2 * m). Unset: "
         f"{HNSW_DEFAULT_EF_CONSTRUCTION}.",
     )
+    build_memory: str | None = Field(
+        None, max_length=64, pattern=QUANTITY,
+        description=f"Memory the index build may use in PostgreSQL (its maintenance_work_mem for the build's "
+        f"transaction only), a Kubernetes quantity from {_BUILD_MEMORY_MIN} to {_BUILD_MEMORY_MAX}, e.g. 1Gi. "
+        "Unset: the database's own setting (64MB by default). A graph that does not fit is built far more "
+        "slowly (about as slowly as maintaining the index during the load); the run's log says when it did not "
+        "fit. The memory is taken from the database server.",
+    )
 
     @property
     def hnsw_m(self) -> int:
@@ -62,9 +82,22 @@ class VectorIndex(ApiModel):
     def hnsw_ef_construction(self) -> int:
         return self.ef_construction or HNSW_DEFAULT_EF_CONSTRUCTION
 
+    @property
+    def build_memory_kb(self) -> int | None:
+        """buildMemory in whole kB (rounded up), as PostgreSQL's maintenance_work_mem takes it; None if unset."""
+        if self.build_memory is None:
+            return None
+        return -(-int(quantity_value(self.build_memory)) // 1024)
+
+    @field_validator("build_memory")
+    @classmethod
+    def _build_memory_bounds(cls, build_memory: str | None) -> str | None:
+        return BUILD_MEMORY_RULE.enforce(build_memory)
+
     @model_validator(mode="after")
     def _pgvector_rules(self) -> "VectorIndex":
-        if self.type != IndexType.hnsw and (self.m is not None or self.ef_construction is not None):
+        if self.type != IndexType.hnsw and any(v is not None for v in (self.m, self.ef_construction,
+                                                                        self.build_memory)):
             raise ValueError(_NONE_MESSAGE)
         if self.hnsw_ef_construction < 2 * self.hnsw_m:
             raise ValueError(f"{_EF_MESSAGE}: efConstruction {self.hnsw_ef_construction} < 2 * m {self.hnsw_m}")

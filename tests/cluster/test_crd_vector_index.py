@@ -16,7 +16,13 @@ MALFORMED = [
     ("m-not-a-number", {"index": {"type": "hnsw", "m": "16) WITH (x"}}, "spec.sink.index.m"),
     ("ef-above-1000", {"index": {"type": "hnsw", "efConstruction": 1001}}, "spec.sink.index.efConstruction"),
     ("ef-below-2m", {"index": {"type": "hnsw", "m": 40}}, "efConstruction must be at least 2 * m"),
-    ("m-without-hnsw", {"index": {"m": 16}}, "m and efConstruction apply to type hnsw only"),
+    ("m-without-hnsw", {"index": {"m": 16}}, "m, efConstruction and buildMemory apply to type hnsw only"),
+    ("memory-without-hnsw", {"index": {"buildMemory": "1Gi"}}, "apply to type hnsw only"),
+    ("memory-below-1Mi", {"index": {"type": "hnsw", "buildMemory": "1023Ki"}}, "between 1Mi and 2047Gi"),
+    ("memory-above-2047Gi", {"index": {"type": "hnsw", "buildMemory": "2Ti"}}, "between 1Mi and 2047Gi"),
+    ("memory-postgres-units", {"index": {"type": "hnsw", "buildMemory": "1GB"}}, "spec.sink.index.buildMemory"),
+    ("memory-injection", {"index": {"type": "hnsw", "buildMemory": "1Gi'; SET x = '1"}},
+     "spec.sink.index.buildMemory"),
     ("type-unknown", {"index": {"type": "ivfflat"}}, "spec.sink.index.type"),
     ("vector-type-unknown", {"vectorType": "float8"}, "spec.sink.vectorType"),
 ]
@@ -36,7 +42,9 @@ def test_defaults_and_valid_variants(kube, namespace):
     assert "index" not in sink and sink["vectorType"] == "vector"
     for name, variant in {"hnsw": {"index": {"type": "hnsw"}, "vectorType": "halfvec"},
                           "edges": {"index": {"type": "hnsw", "m": 2, "efConstruction": 4}},
-                          "top": {"index": {"type": "hnsw", "m": 100, "efConstruction": 1000}}}.items():
+                          "top": {"index": {"type": "hnsw", "m": 100, "efConstruction": 1000,
+                                            "buildMemory": "2047Gi"}},
+                          "memory": {"index": {"type": "hnsw", "buildMemory": "1Mi"}}}.items():
         kube.kubectl("apply", "-n", namespace, "-f", "-", input=ej_manifest(name, sink=variant))
     stored = get_json(kube, "ej", "hnsw", "-n", namespace)["spec"]["sink"]
     assert stored["index"] == {"type": "hnsw"} and stored["vectorType"] == "halfvec"

@@ -83,6 +83,29 @@ def test_search_through_the_index_equals_the_sequential_scan_on_a_small_set(data
     sink.close()
 
 
+def test_build_memory_is_the_builds_maintenance_work_mem_and_a_graph_that_outgrows_it_is_reported(database_url):
+    vectors = unit_vectors(3000, 384, seed=8)  # about 5 MB of graph: more than 1Mi holds, far less than 64Mi
+    small = loaded_sink(database_url, vectors, "vector", table="small_memory")
+    cramped = ensure_index(small.engine, small.table, "vector", INNER_PRODUCT,
+                           VectorIndex(type="hnsw", build_memory="1Mi"))
+    assert cramped.built and cramped.note is not None
+    assert "no longer fits into maintenance_work_mem" in cramped.note and "buildMemory 1Mi" in cramped.note
+    roomy_sink = loaded_sink(database_url, vectors, "vector", table="roomy_memory")
+    roomy = ensure_index(roomy_sink.engine, roomy_sink.table, "vector", INNER_PRODUCT,
+                         VectorIndex(type="hnsw", build_memory="64Mi"))
+    assert roomy.built and roomy.note is None
+    # Both indexes answer alike; the setting lasted only for the build's transaction.
+    for q in unit_vectors(5, 384, seed=9):
+        assert [h.record_id for h in search(small, q, 10, INNER_PRODUCT, "index", ef_search=200)] == \
+            [h.record_id for h in search(roomy_sink, q, 10, INNER_PRODUCT, "index", ef_search=200)]
+    with small.engine.connect() as conn:
+        server_default = conn.execute(sa.text("SELECT reset_val FROM pg_settings WHERE name = 'maintenance_work_mem'"))
+        assert conn.execute(sa.text("SELECT setting FROM pg_settings WHERE name = 'maintenance_work_mem'")).scalar() \
+            == server_default.scalar()
+    small.close()
+    roomy_sink.close()
+
+
 @pytest.mark.parametrize("vector_type", ["vector", "halfvec"])
 def test_recall_at_10_of_the_index_against_exact_float32_neighbours(database_url, vector_type):
     # Clustered like sentence embeddings (topics), not uniform noise, in the model's 384 dimensions.

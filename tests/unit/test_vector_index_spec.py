@@ -25,7 +25,16 @@ from support.manifests import MINIMAL_SPEC, merged
     ({"index": {"type": "hnsw", "m": 40, "efConstruction": 64}}, "spec.sink.index",
      "efConstruction must be at least 2 * m (pgvector's rule): efConstruction 64 < 2 * m 40"),
     ({"index": {"type": "hnsw", "m": 16, "efConstruction": 31}}, "spec.sink.index", "efConstruction 31 < 2 * m 16"),
-    ({"index": {"m": 16}}, "spec.sink.index", "m and efConstruction apply to type hnsw only"),
+    ({"index": {"m": 16}}, "spec.sink.index", "m, efConstruction and buildMemory apply to type hnsw only"),
+    ({"index": {"buildMemory": "1Gi"}}, "spec.sink.index", "apply to type hnsw only"),
+    ({"index": {"type": "hnsw", "buildMemory": "1023Ki"}}, "spec.sink.index.buildMemory", "between 1Mi and 2047Gi"),
+    ({"index": {"type": "hnsw", "buildMemory": "2Ti"}}, "spec.sink.index.buildMemory", "between 1Mi and 2047Gi"),
+    ({"index": {"type": "hnsw", "buildMemory": "500m"}}, "spec.sink.index.buildMemory", "between 1Mi and 2047Gi"),
+    ({"index": {"type": "hnsw", "buildMemory": "1GB"}}, "spec.sink.index.buildMemory", "should match pattern"),
+    ({"index": {"type": "hnsw", "buildMemory": "-1Gi"}}, "spec.sink.index.buildMemory", "should match pattern"),
+    ({"index": {"type": "hnsw", "buildMemory": "1Gi'; SET x = '1"}}, "spec.sink.index.buildMemory",
+     "should match pattern"),
+    ({"index": {"type": "hnsw", "buildMemory": 1073741824}}, "spec.sink.index.buildMemory", "valid string"),
     ({"index": {"type": "ivfflat"}}, "spec.sink.index.type", "'hnsw' or 'none'"),
     ({"index": {"type": "hnsw", "opclass": "vector_l2_ops"}}, "spec.sink.index.opclass", "Extra inputs"),
     ({"vectorType": "float8"}, "spec.sink.vectorType", "'vector' or 'halfvec'"),
@@ -48,6 +57,13 @@ def test_no_index_unless_asked_and_pgvectors_defaults_when_asked():
     edge = api.parse_spec(merged(MINIMAL_SPEC, {"sink": {"index": {"type": "hnsw", "m": 100, "efConstruction": 200},
                                                          "vectorType": "halfvec"}})).sink
     assert (edge.hnsw.hnsw_m, edge.hnsw.hnsw_ef_construction, edge.vector_type) == (100, 200, "halfvec")
+
+
+@pytest.mark.parametrize("build_memory, kb", [(None, None), ("1Mi", 1024), ("1Gi", 1024 ** 2), ("1G", 976563),
+                                              ("1.5Mi", 1536), ("2047Gi", 2047 * 1024 ** 2), ("1048577", 1025)])
+def test_build_memory_becomes_whole_kilobytes_rounded_up(build_memory, kb):
+    index = api.parse_spec(merged(MINIMAL_SPEC, {"sink": {"index": {"type": "hnsw", "buildMemory": build_memory}}}))
+    assert index.sink.hnsw.build_memory_kb == kb
 
 
 def test_the_index_name_is_deterministic_and_fits_an_identifier():

@@ -209,8 +209,9 @@ class JobRun:
             return JobFailed("IndexBuildFailed", f"spec.sink.index: building the HNSW index on table {sink.table} "
                                                  f"failed: {str(exc.orig).strip()}; the vectors are written, a re-run "
                                                  "builds only the index")
-        if self.summary.index.note:
-            log_event(log, "index_kept", logging.WARNING, note=self.summary.index.note)
+        if self.summary.index.note:  # kept with other parameters, or built past its memory
+            log_event(log, "index_built_slowly" if self.summary.index.built else "index_kept", logging.WARNING,
+                      note=self.summary.index.note)
         return None
 
     def _outcome_failure(self, failed_batches: int) -> JobFailed | None:

@@ -81,7 +81,22 @@ class IndexBuild:
     name: str
     built: bool
     seconds: float = 0.0
-    note: str | None = None  # an existing index with other parameters than the spec's
+    # An existing index with other parameters than the spec's, or a build whose graph outgrew its memory.
+    note: str | None = None
+
+
+# pgvector's NOTICE when the graph outgrows maintenance_work_mem and the build goes on far more slowly.
+_OUTGREW_MEMORY = "no longer fits into maintenance_work_mem"
+
+
+def _outgrew_note(notices: list[str], index: VectorIndex) -> str | None:
+    """The build's note when pgvector said the graph outgrew its memory, naming the setting that gives it more."""
+    said = next((n for n in notices if _OUTGREW_MEMORY in n), None)
+    if said is None:
+        return None
+    given = f"spec.sink.index.buildMemory {index.build_memory}" if index.build_memory else \
+        "the database's maintenance_work_mem (spec.sink.index.buildMemory unset)"
+    return f"pgvector: {said.rstrip('.')}; the build had {given}: a larger buildMemory builds it faster"
 
 
 _PARAMETER = r"{}\s*=\s*'?(\d+)"
@@ -96,10 +111,14 @@ def ensure_index(engine: sa.Engine, table: str, vector_type: str, metric: Metric
     """Build the HNSW index on `table`'s embeddings unless one with the same operator class exists."""
     name, opclass = index_name(table, metric), metric.opclass(vector_type)
     m, ef_construction = int(index.hnsw_m), int(index.hnsw_ef_construction)
+    notices: list[str] = []
     with engine.begin() as conn:
         timeout_ms = str(BUILD_TIMEOUT_S * 1000)
         conn.execute(sa.text("SELECT set_config('statement_timeout', :t, true), set_config('lock_timeout', :t, true)"),
                      {"t": timeout_ms})
+        if index.build_memory_kb is not None:  # this transaction only: the pooled session keeps the server's
+            conn.execute(sa.text("SELECT set_config('maintenance_work_mem', :m, true)"),
+                         {"m": f"{index.build_memory_kb}kB"})
         conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": table})
         definitions = conn.execute(sa.text(
             "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
@@ -108,15 +127,22 @@ def ensure_index(engine: sa.Engine, table: str, vector_type: str, metric: Metric
             if re.search(rf"USING hnsw \(embedding {opclass}\)", definition):
                 return IndexBuild(existing, built=False, note=_differs(existing, definition, m, ef_construction))
         started = time.perf_counter()
-        conn.execute(sa.text(f'CREATE INDEX IF NOT EXISTS "{name}" ON "{table}" USING hnsw (embedding {opclass})'
-                             f" WITH (m = {m}, ef_construction = {ef_construction})"))
+        driver_connection = conn.connection.driver_connection
+        keep = lambda diagnostic: notices.append(diagnostic.message_primary or "")  # noqa: E731
+        driver_connection.add_notice_handler(keep)
+        try:
+            conn.execute(sa.text(f'CREATE INDEX IF NOT EXISTS "{name}" ON "{table}" USING hnsw (embedding {opclass})'
+                                 f" WITH (m = {m}, ef_construction = {ef_construction})"))
+        finally:
+            driver_connection.remove_notice_handler(keep)
         seconds = time.perf_counter() - started
         # Statistics of the freshly loaded table: without them the planner guesses that the search's filter
         # (collection, model, revision) keeps a few rows and sorts them from the primary key instead.
         conn.execute(sa.text(f'ANALYZE "{table}"'))
+    note = _outgrew_note(notices, index)
     log_event(log, "index_built", index=name, table=table, opclass=opclass, m=m, ef_construction=ef_construction,
-              seconds=round(seconds, 2))
-    return IndexBuild(name, built=True, seconds=seconds)
+              build_memory=index.build_memory, seconds=round(seconds, 2), **({"note": note} if note else {}))
+    return IndexBuild(name, built=True, seconds=seconds, note=note)
 
 
 def _differs(name: str, definition: str, m: int, ef_construction: int) -> str | None:
