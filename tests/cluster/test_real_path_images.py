@@ -71,14 +71,14 @@ def test_job_runs_to_complete_from_the_controller_and_worker_images(
         rollout = kube.kubectl("rollout", "status", f"deployment/{RELEASE}", "-n", namespace, "--timeout=300s",
                                check=False, timeout=320)
         assert rollout.returncode == 0, (rollout.stderr, operator.log()[-3000:], real_node.log_tail(30))
-        operator_ready = time.monotonic() - started
+        rolled_out = time.monotonic() - started
         with PodWatcher(kube, namespace) as watcher:
             apply_job(kube, namespace, "imaged", source={"uri": f"{INPUT_DIR}/pep.jsonl"}, model=MODEL,
                       batching={"batchSize": 16}, ttlSecondsAfterFinished=0, head={"template": head})
             job = wait_complete(kube, namespace, "imaged", lambda: diagnostics(kube, namespace, real_node,
                                                                                  kuberay_operator, operator, watcher))
             time.sleep(1.5)
-        print(f"\nfrom the images: operator Ready after {operator_ready:.0f}s, job Complete after "
+        print(f"\nfrom the images: operator rolled out {rolled_out:.0f}s after helm install, job Complete after "
               f"{time.monotonic() - started:.0f}s; pods:\n{watcher.summary()}")
         operator_log = operator.log()
     finally:

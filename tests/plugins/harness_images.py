@@ -26,11 +26,11 @@ def controller_image() -> Image:
 @pytest.fixture(scope="session")
 def worker_image() -> Image:
     # Measured on this machine kind: a cold build downloads and installs the worker extra (ray, CUDA torch
-    # from PyPI, sentence-transformers) in about 15 minutes and makes a 6.9 GB image, which does not fit
+    # from PyPI, sentence-transformers) in 15-17 minutes and makes a 7.1 GB image, which does not fit
     # the CI run's 75-minute budget; CI builds it in a job of its own, and this run uses it when cached.
     image = build_image("worker", build=os.environ.get(BUILD_WORKER_IMAGE_ENV) == "1")
     if image is None:
-        pytest.skip(f"the worker image is not cached and its cold build (~15 min, 6.9 GB) is not in this run: "
+        pytest.skip(f"the worker image is not cached and its cold build (15-17 min, 7.1 GB) is not in this run: "
                     f"{BUILD_WORKER_IMAGE_ENV}=1 builds it")
     return image
 
