@@ -208,7 +208,7 @@ def test_a_pod_whose_image_was_not_built_waits_in_image_pull_back_off(kube, real
 
 
 @worker_image_timeout
-def test_a_pod_runs_the_driver_from_the_worker_image_on_the_test_node(kube, real_node, namespace, worker_image):
+def test_a_pod_runs_the_driver_from_the_worker_image_on_the_test_node(worker_image, kube, real_node, namespace):
     kube.apply(json.dumps({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "driver-help", "namespace": namespace},
         "spec": {"restartPolicy": "Never", "containers": [{

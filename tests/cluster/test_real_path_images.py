@@ -52,7 +52,8 @@ class OperatorPod:
 
 @worker_image_timeout
 def test_job_runs_to_complete_from_the_controller_and_worker_images(
-        kube, real_node, kuberay_operator, namespace, pod_database_url, controller_image, model_image):
+        model_image, controller_image, kube, real_node, kuberay_operator, namespace, pod_database_url):
+    # model_image first: without a cached worker image the test skips before the control plane starts
     create_database_secret(kube, namespace, pod_database_url)
     values = {"watchNamespaces": [namespace], "image": {**repository_and_tag(controller_image), "pullPolicy": "Never"},
               "worker": {"image": repository_and_tag(model_image), "rayVersion": pinned_ray_version()},
