@@ -7,5 +7,6 @@ tier's PostgreSQL and Ray heads."""
 def pytest_configure(config):
     # a conftest below the rootdir may not set pytest_plugins: register this tier's plugins here
     for plugin in ("plugins.postgres", "plugins.ray_heads", "envtest.plugin", "envtest.realnode",
-                   "plugins.operator_process", "plugins.standin", "plugins.pod_postgres"):
+                   "plugins.operator_process", "plugins.standin", "plugins.pod_postgres",
+                   "plugins.harness_images"):
         config.pluginmanager.import_plugin(plugin)

@@ -6,13 +6,12 @@ non-root, with the driver's entrypoint. Their sizes are reported (printed, and w
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from embedjob.contract import DRIVER_MODULE
-from envtest.images.build import Image, build_image, image_size_bytes
+from envtest.images.build import Image, image_size_bytes
 from envtest.images.runtime import (
     HOST_NETWORK,
     ContainerConfigError,
@@ -21,6 +20,7 @@ from envtest.images.runtime import (
     run_in_image,
     running_container,
 )
+from plugins.harness_images import worker_image_timeout
 from plugins.operator_process import grant_operator_permissions
 from support.chart import render_chart, the
 from support.kubectl import apply_job, create_database_secret, rayjobs
@@ -34,29 +34,6 @@ pytestmark = pytest.mark.k8s
 HEAVY_MODULES = ("ray", "torch", "sentence_transformers", "transformers")
 KUBECONFIG_IN_POD = "/var/run/secrets/embedjob/kubeconfig"
 COMPILERS = ("gcc", "cc", "c++", "g++", "clang", "tcc")
-
-
-@pytest.fixture(scope="session")
-def controller_image() -> Image:
-    return build_image("controller")
-
-
-#: set to 1 to build the worker image when it is not cached (see the fixture)
-BUILD_WORKER_IMAGE_ENV = "EMBEDJOB_BUILD_WORKER_IMAGE"
-#: the first test to use the worker image may build it (the suite's default timeout is 15 minutes)
-worker_image_timeout = pytest.mark.timeout(2700)
-
-
-@pytest.fixture(scope="session")
-def worker_image() -> Image:
-    # Measured on this machine kind: a cold build downloads and installs the worker extra (ray, CUDA torch
-    # from PyPI, sentence-transformers) in about 15 minutes and makes a 6.9 GB image, which does not fit
-    # the CI run's 75-minute budget; CI builds it in a job of its own, and this run uses it when cached.
-    image = build_image("worker", build=os.environ.get(BUILD_WORKER_IMAGE_ENV) == "1")
-    if image is None:
-        pytest.skip(f"the worker image is not cached and its cold build (~15 min, 6.9 GB) is not in this run: "
-                    f"{BUILD_WORKER_IMAGE_ENV}=1 builds it")
-    return image
 
 
 def operator_pod() -> tuple[dict, dict]:
@@ -142,6 +119,17 @@ def test_worker_image_runs_as_non_root_and_has_no_compiler(worker_image):
 
 
 @worker_image_timeout
+def test_a_login_shell_in_the_worker_image_keeps_its_python_on_path(worker_image):
+    """KubeRay runs the Ray containers' commands with `bash -lc`: the login shell's /etc/profile must leave
+    the image's Python (and its `ray`) first on PATH, as the upstream Ray image's does."""
+    result = run_in_image(worker_image.reference, ["/bin/bash", "-lc", "--", "command -v python ray"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    image_path = dict(e.split("=", 1) for e in image_config(worker_image.reference)["Env"])["PATH"]
+    python_dir = image_path.split(":")[0]
+    assert result.stdout.split() == [f"{python_dir}/python", f"{python_dir}/ray"], result.stdout
+
+
+@worker_image_timeout
 def test_worker_image_runs_the_driver_entrypoint_the_operator_puts_into_rayjobs(worker_image):
     result = run_in_image(worker_image.reference, ["python", "-m", DRIVER_MODULE, "--help"], timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -220,7 +208,7 @@ def test_a_pod_whose_image_was_not_built_waits_in_image_pull_back_off(kube, real
 
 
 @worker_image_timeout
-def test_a_pod_runs_the_driver_from_the_worker_image_on_the_test_node(kube, real_node, namespace, worker_image):
+def test_a_pod_runs_the_driver_from_the_worker_image_on_the_test_node(worker_image, kube, real_node, namespace):
     kube.apply(json.dumps({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "driver-help", "namespace": namespace},
         "spec": {"restartPolicy": "Never", "containers": [{

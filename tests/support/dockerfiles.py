@@ -1,8 +1,10 @@
-"""Reading the repository's Dockerfiles: instructions, build args, base image, copied sources, final user, pip installs."""
+"""Reading the repository's Dockerfiles: instructions, build args, base image, copied sources, ENV, final user, pip
+installs."""
 
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +12,8 @@ from support.paths import REPO
 
 WORKER_DOCKERFILE = REPO / "worker_image" / "Dockerfile"
 CONTROLLER_DOCKERFILE = REPO / "controller" / "Dockerfile"
+#: the tests' worker image with a model baked in (envtest.images.build.model_image)
+MODEL_CONTAINERFILE = REPO / "tests" / "envtest" / "images" / "model.Containerfile"
 
 
 @dataclass
@@ -83,6 +87,12 @@ def final_user(instructions: list[Instruction]) -> str:
     users = [ins.arguments for ins in instructions if ins.keyword == "USER"]
     assert users, "the image sets no USER (it would run as root)"
     return users[-1]
+
+
+def env_settings(instructions: list[Instruction]) -> dict[str, str]:
+    """The ENV instructions' NAME=VALUE pairs, later ones winning (the legacy `ENV NAME VALUE` form is not used)."""
+    return dict(pair.split("=", 1) for ins in instructions if ins.keyword == "ENV"
+                for pair in shlex.split(ins.arguments))
 
 
 def pip_installs(instructions: list[Instruction]) -> list[str]:

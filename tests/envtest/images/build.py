@@ -3,6 +3,9 @@ the repository's own Dockerfiles on it, each cached (in buildah's storage) under
 
     python -m envtest.images.build [controller|worker ...]     (from tests/, as root; prints build times)
 
+A test that needs the model in the worker image gets a small derived image (model_image: model.Containerfile
+FROM the worker image, a seconds-long build) rather than a rebuild of the worker image with MODEL_PACKAGE.
+
 No registry and no daemon: the base images the Dockerfiles name by default cannot be pulled here, so the
 Dockerfiles get `--build-arg BASE_IMAGE=` stand-ins (bases.Containerfile) that provide what the upstream
 bases do. PyPI is reached as the host reaches it: the host's CA bundle and pip config are lent to the build
@@ -27,7 +30,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from support.dockerfiles import CONTROLLER_DOCKERFILE, WORKER_DOCKERFILE, copy_sources, parse_dockerfile
+from support.dockerfiles import (CONTROLLER_DOCKERFILE, MODEL_CONTAINERFILE, WORKER_DOCKERFILE, copy_sources,
+                                 parse_dockerfile)
 from support.paths import REPO
 
 CACHE = Path(os.environ.get("EMBEDJOB_CACHE", Path.home() / ".cache" / "embedjob")) / "images"
@@ -52,7 +56,7 @@ class ImageBuildError(RuntimeError):
 
 @dataclass(frozen=True)
 class Image:
-    name: str  #: controller or worker
+    name: str  #: controller, worker or worker-model
     reference: str  #: localhost/embedjob-test/NAME:INPUTS-HASH in STORAGE
     built_seconds: float | None  #: None: it came from the cache
 
@@ -227,6 +231,21 @@ def build_image(name: str, build_args: dict[str, str] | None = None, *, build: b
         seconds = bud(reference, DOCKERFILES[name], args)
         log(f"{name} image built in {seconds:.0f}s")
         return Image(name, reference, seconds)
+
+
+def model_image(worker: Image, package: str) -> Image:
+    """The worker image with ``package`` (a model distribution, NAME==VERSION) baked in as the worker Dockerfile's
+    MODEL_PACKAGE bakes it, built from model.Containerfile on ``worker`` unless cached."""
+    args = {"WORKER_IMAGE": worker.reference, "MODEL_PACKAGE": package}
+    reference = (f"localhost/embedjob-test/worker-model:"
+                 f"{digest(MODEL_CONTAINERFILE.read_text(), json.dumps(args, sort_keys=True))}")
+    with build_lock("worker-model"):
+        if image_exists(reference):
+            return Image("worker-model", reference, None)
+        log(f"building {reference} ({package} on {worker.reference}) ...")
+        seconds = bud(reference, MODEL_CONTAINERFILE, args)
+        log(f"worker-model image built in {seconds:.0f}s")
+        return Image("worker-model", reference, seconds)
 
 
 def main(names: list[str]) -> None:
