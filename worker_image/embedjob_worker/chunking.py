@@ -73,30 +73,32 @@ def chunk_spans(text: str, offsets: Sequence[tuple[int, int]], words: Sequence[i
                          f"overlap of {overlap}")
     word_start = [i == 0 or words[i] is None or words[i] != words[i - 1] for i in range(n)]
 
-    def cut_before(i: int, end: int) -> int:
-        """The last word start in (i, end), else end - 1 (inside one long word); at least i + 1."""
+    def cut_before(low: int, end: int) -> int:
+        """The last word start in (low, end), else end - 1 (inside one long word)."""
         b = end - 1
-        while b > i and not word_start[b]:
+        while b > low and not word_start[b]:
             b -= 1
-        return b if b > i else max(i + 1, end - 1)
+        return b if b > low else end - 1
 
     def char_span(i: int, e: int) -> tuple[int, int]:
         start = 0 if i == 0 else safe_cut(text, offsets[i][0])
         return start, (len(text) if e >= n else max(start + 1, safe_cut(text, offsets[e][0])))
 
     spans: list[Span] = []
-    i = 0
+    i = previous_end = 0
     while True:
+        low = max(i, previous_end)  # a chunk ends past the one before it, or it would add nothing
         e = min(i + window, n)
-        if e < n and not word_start[e]:
-            e = cut_before(i, e + 1) if any(word_start[i + 1 : e + 1]) else e
+        if e < n and not word_start[e] and any(word_start[low + 1 : e + 1]):
+            e = cut_before(low, e + 1)
         start, end = char_span(i, e)
         tokens = count(text[start:end]) if count else e - i + specials
-        while tokens > max_tokens and e - i > 1:  # the words tokenize differently on their own: one word less
-            e = cut_before(i, e)
+        while tokens > max_tokens and e - 1 > low:  # the words tokenize differently on their own: one word less
+            e = cut_before(low, e)
             start, end = char_span(i, e)
             tokens = count(text[start:end])
         spans.append(Span(start, end, tokens))
+        previous_end = e
         if e >= n:
             return tuple(spans)
         j = max(e - overlap, i + 1)  # the next chunk starts on the first word start at most `overlap` back
