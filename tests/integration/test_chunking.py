@@ -142,12 +142,12 @@ def test_a_document_that_shrinks_from_5_chunks_to_2_leaves_exactly_2(ray_address
                                                                 if k not in (long_id, gone["id"])}
 
 
-def test_a_crashed_chunking_run_resumes_without_duplicates_or_orphans(local_ray, database_url, tmp_path,
+def test_a_crashed_chunking_run_resumes_without_duplicates_or_orphans(ray_address, database_url, tmp_path,
                                                                      model_and_chunker):
     _, _, chunker = model_and_chunker
     docs = documents(60, start=3000, paragraphs=4)
     spec = chunked_manifest(write_docs(tmp_path / "docs.jsonl", docs), "chunk-crash", batch_size=8, max_in_flight=2)
-    committed, dispatched = kill_driver_after(spec, database_url, local_ray, tmp_path / "driver.log", batches=3)
+    committed, dispatched = kill_driver_after(spec, database_url, ray_address, tmp_path / "driver.log", batches=3)
     assert len(dispatched - committed) <= 2 and committed
     partial = stored(database_url)
     assert partial and len(partial) < len(docs)

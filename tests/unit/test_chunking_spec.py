@@ -128,3 +128,8 @@ def test_a_token_budget_bounds_the_chunks_a_forward_pass_takes():
         passes = batch.encode_batch_size(32, 512)
         assert passes * longest <= 512 and passes >= 1
     assert records(["short"])[0].chunks[0].end == 5  # without chunking: one chunk over the whole text
+
+
+def test_the_example_is_a_valid_chunking_job():
+    config = JobConfig.from_file(SAMPLE.parent / "chunking.yaml")
+    assert (config.spec.chunking.max_tokens, config.spec.chunking.overlap_tokens) == (64, 16)
