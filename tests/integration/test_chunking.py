@@ -162,6 +162,7 @@ def test_a_crashed_chunking_run_resumes_without_duplicates_or_orphans(ray_addres
 
 
 OLD_TABLE = """
+CREATE EXTENSION IF NOT EXISTS vector;
 CREATE TABLE embeddings (collection varchar(128), record_id text, model varchar(256), revision varchar(128),
   content_hash varchar(64) NOT NULL, embedding vector(384) NOT NULL, text text NOT NULL, job_key varchar(300) NOT NULL,
   batch_id varchar(64) NOT NULL, created_at timestamptz NOT NULL DEFAULT now(),
