@@ -2,7 +2,9 @@
 flags, and batches of chunks (whole records, within batchSize and the token budget, deterministic ids)."""
 
 import json
+import struct
 
+import numpy as np
 import pytest
 import tokenizers
 import yaml
@@ -14,7 +16,7 @@ from embedjob_worker.chunking import Chunker
 from embedjob_worker.config import JobConfig, config_fingerprint, identity_changes, run_identity
 from embedjob_worker.model import package_model_dir
 from embedjob_worker.records import Record, chunk_owners
-from embedjob_worker.sink import content_salt
+from embedjob_worker.sink import AttemptRow, BatchOutcome, content_hash, content_salt, copy_payload, now
 from support.cli import EMBEDJOB, manifest, run
 from support.manifests import MINIMAL_SPEC, merged
 from support.paths import SAMPLE
@@ -133,3 +135,37 @@ def test_a_token_budget_bounds_the_chunks_a_forward_pass_takes():
 def test_the_example_is_a_valid_chunking_job():
     config = JobConfig.from_file(SAMPLE.parent / "chunking.yaml")
     assert (config.spec.chunking.max_tokens, config.spec.chunking.overlap_tokens) == (64, 16)
+
+
+def copy_rows(payload: bytes) -> list[list[bytes]]:
+    """The tuples of PostgreSQL binary COPY data, each a list of its fields' bytes."""
+    rows, at = [], 19  # signature, flags, header extension
+    while (fields := struct.unpack(">h", payload[at:at + 2])[0]) != -1:
+        at += 2
+        row = []
+        for _ in range(fields):
+            size = struct.unpack(">i", payload[at:at + 4])[0]
+            row.append(payload[at + 4:at + 4 + size])
+            at += 4 + size
+        rows.append(row)
+    return rows
+
+
+def test_the_copy_data_has_a_row_per_chunk_with_its_number_offsets_text_and_the_records_hash():
+    text = "\n".join(PARAGRAPHS[:8])
+    chunked = Record(0, "doc", text, Chunker(TOKENIZER, 64, 16)([text])[0])
+    whole = Record(1, "short", "ünïcödé")
+    vectors = np.arange(3 * (len(chunked.spans) + 1), dtype=np.float32).reshape(-1, 3)
+    outcome = BatchOutcome("b", "succeeded", (chunked, whole), [AttemptRow(1, "w", "succeeded", None, now())], now(),
+                           vectors=vectors)
+    rows = copy_rows(copy_payload([outcome], b"salt"))
+    assert len(rows) == len(chunked.spans) + 1
+    number = lambda field: struct.unpack(">i", field)[0]  # noqa: E731
+    for k, (row, span) in enumerate(zip(rows, chunked.spans)):
+        assert (row[0], number(row[1]), number(row[2]), number(row[3])) == (b"doc", k, span.start, span.end)
+        assert row[4] == content_hash(b"salt", text.encode()).encode()  # the record's, on each chunk
+        assert row[6].decode() == text[span.start:span.end]
+        assert np.frombuffer(row[5][4:], dtype=">f4").tolist() == vectors[k].tolist()
+    last = rows[-1]
+    assert (last[0], number(last[1]), number(last[2]), number(last[3]), last[6].decode()) == \
+        (b"short", 0, 0, 7, "ünïcödé")  # without chunks: chunk 0 over the whole text, offsets in characters
