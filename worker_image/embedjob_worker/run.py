@@ -1,8 +1,10 @@
 """Runs one embedding job: starts or resumes its run and wires lease, actors, feed, dispatch and writer.
 
 The steps (docs/driver.md, "What a run does"): migrate, resolve the model's revision
-and fingerprint the input, start or resume the run row, then stream the batches, each
-without the records whose vector is up to date (embedjob_worker.incremental); once the
+and fingerprint the input, load the tokenizer a token budget or spec.chunking needs, start
+or resume the run row, upgrade a vectors table from before chunking (vectors_table), then
+stream the batches, each without the records whose vector is up to date
+(embedjob_worker.incremental), cut into chunks with spec.chunking; once the
 first batch needs the model, lease the shared pool if the job runs on one, start the
 actors and wait for their model, and run the batches through the Dispatcher into the
 SinkWriter. Finally delete the vectors of ids gone from the source if sync.deleteMissing
