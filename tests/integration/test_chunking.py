@@ -109,6 +109,22 @@ def test_long_documents_become_chunk_vectors_equal_to_a_direct_encode(ray_addres
     assert stored(database_url) == by_record
 
 
+def test_a_record_of_more_chunks_than_a_batch_is_encoded_in_passes_and_split_on_out_of_memory(
+        ray_address, database_url, tmp_path, model_and_chunker):
+    _, model, chunker = model_and_chunker
+    docs = documents(6, start=5000, paragraphs=8)
+    spec = chunked_manifest(write_docs(tmp_path / "docs.jsonl", docs), "passes", batch_size=4)
+    summary = run_job(JobConfig.from_manifest(spec), database_url, DriverOptions(fault_injection={"oom_above": 2}))
+    assert summary.state == "succeeded", summary.error
+    by_record = stored(database_url)
+    check_chunk_rows(by_record, docs, chunker)
+    assert max(len(rows) for rows in by_record.values()) > 4 and summary.oom_splits > 0
+    assert query(database_url, "SELECT count(*) FROM embedjob_batch_attempts WHERE outcome = 'split'")[0][0] > 0
+    rows = [r for record in by_record.values() for r in record]
+    direct = model.encode([r[4] for r in rows], batch_size=4, normalize_embeddings=True, convert_to_numpy=True)
+    np.testing.assert_allclose(np.array([json.loads(r[5]) for r in rows], dtype=np.float32), direct, atol=1e-5)
+
+
 def test_a_document_that_shrinks_from_5_chunks_to_2_leaves_exactly_2(ray_address, database_url, tmp_path,
                                                                      model_and_chunker):
     _, _, chunker = model_and_chunker
