@@ -22,7 +22,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 from .api_rules import LABEL_KEY, LABEL_VALUE, cel
 from .api_pods import Head
 from .api_model import HALF_PRECISIONS, Model
-from .api_sections import ApiModel, Batching, Retry, Source, Sync, Workers
+from .api_sections import ApiModel, Batching, Chunking, Retry, Source, Sync, Workers
 from .api_sink import Sink
 
 GROUP = "embedjob.dev"
@@ -45,6 +45,17 @@ DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A Kueue WorkloadPriorityClass name, also carried as a label value.
 DNS_SUBDOMAIN_LABEL_VALUE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 HALF_NEEDS_GPU = "model.precision float16/bfloat16 runs on a GPU: set workers.gpusPerActor above 0"
+# (CEL rule, message): a chunk the model would truncate is never planned (EmbeddingJobSpec checks the same).
+CHUNK_WITHIN_MODEL = (
+    "!has(self.chunking) || !has(self.chunking.maxTokens) || !has(self.model.maxSeqLength) "
+    "|| self.chunking.maxTokens <= self.model.maxSeqLength",
+    "chunking.maxTokens must be at most model.maxSeqLength (the model truncates longer texts)",
+)
+OVERLAP_WITHIN_MODEL = (
+    "!has(self.chunking) || has(self.chunking.maxTokens) || !has(self.chunking.overlapTokens) "
+    "|| !has(self.model.maxSeqLength) || 2 * self.chunking.overlapTokens <= self.model.maxSeqLength",
+    "chunking.overlapTokens must be at most half of the chunk size (unset maxTokens: model.maxSeqLength)",
+)
 
 
 class EmbeddingJobSpec(ApiModel):
@@ -106,6 +117,8 @@ class EmbeddingJobSpec(ApiModel):
                     HALF_NEEDS_GPU,
                     ".model.precision",
                 ),
+                cel(*CHUNK_WITHIN_MODEL, ".chunking.maxTokens"),
+                cel(*OVERLAP_WITHIN_MODEL, ".chunking.overlapTokens"),
             ]
         }
     )
@@ -117,6 +130,10 @@ class EmbeddingJobSpec(ApiModel):
     sink: Sink
     retry: Retry = Field(default_factory=Retry)
     sync: Sync = Field(default_factory=Sync)
+    chunking: Chunking | None = Field(
+        None, description="Cut long texts into overlapping chunks, one vector each (docs/chunking.md). Unset: one "
+        "vector per record, its text truncated at the model's token limit (counted as truncated).",
+    )
     active_deadline_seconds: int | None = Field(
         None, ge=1, le=31_536_000,
         description="Seconds the whole job may run, from its start, before it is stopped and Failed "
@@ -159,6 +176,17 @@ class EmbeddingJobSpec(ApiModel):
     def _half_precision_on_gpu(self) -> "EmbeddingJobSpec":
         if self.model.precision in HALF_PRECISIONS and not self.workers.gpus_per_actor:
             raise ValueError(HALF_NEEDS_GPU)
+        return self
+
+    @model_validator(mode="after")
+    def _chunks_within_the_model(self) -> "EmbeddingJobSpec":
+        chunking, limit = self.chunking, self.model.max_seq_length
+        if chunking is None or limit is None:
+            return self
+        if chunking.max_tokens is not None and chunking.max_tokens > limit:
+            raise ValueError(CHUNK_WITHIN_MODEL[1])
+        if chunking.max_tokens is None and 2 * chunking.overlap_tokens > limit:
+            raise ValueError(OVERLAP_WITHIN_MODEL[1])
         return self
 
 
@@ -214,5 +242,7 @@ class RunCounters(ApiModel):
                                  "changed since their vector was written.")
     records_unchanged: int = Field(0, ge=0, description="Records whose vector was already up to date: not sent to "
                                    "the model, not written again (counted in recordsEmbedded).")
-    records_deleted: int = Field(0, ge=0, description="Vectors deleted at the end of the run because their id is no "
-                                 "longer in the source (sync.deleteMissing).")
+    records_deleted: int = Field(0, ge=0, description="Records whose vectors (all their chunks) were deleted at the end "
+                                 "of the run because their id is no longer in the source (sync.deleteMissing).")
+    chunks_embedded: int = Field(0, ge=0, description="Vectors the model embedded and the run wrote: one per record "
+                                 "without spec.chunking, one per chunk with it (unchanged records' not included).")

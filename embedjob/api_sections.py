@@ -232,3 +232,36 @@ class Sync(ApiModel):
         description="At the end of a successful run, delete the vectors (this collection, model and revision) "
         "of ids the source no longer holds: rows deleted or outside the filter, records gone from the file.",
     )
+
+
+# (CEL rule, message); Chunking's validator checks the same in Python.
+OVERLAP_AT_MOST_HALF = (
+    "!has(self.maxTokens) || !has(self.overlapTokens) || 2 * self.overlapTokens <= self.maxTokens",
+    "overlapTokens must be at most half of maxTokens (each chunk then moves on by at least half a chunk)",
+)
+
+
+class Chunking(ApiModel):
+    """Long texts cut into overlapping chunks by the model's own tokenizer, one vector per chunk, keyed by
+    record id and chunk number, with the chunk's character offsets into the text (docs/chunking.md)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [cel(*OVERLAP_AT_MOST_HALF,
+                                                                                    ".overlapTokens")]})
+
+    max_tokens: int | None = Field(
+        None, ge=8, le=8192,
+        description="Tokens of each chunk as the model sees it, its special tokens included (8-8192); at most the "
+        "model's token limit (model.maxSeqLength, else the model's own), so no chunk is truncated. Unset: the "
+        "model's token limit. A text of at most this many tokens is one chunk, 0.",
+    )
+    overlap_tokens: int = Field(
+        0, ge=0, le=4096,
+        description="Tokens a chunk repeats from the end of the one before it (0-4096, at most half of "
+        "maxTokens); rounded down to whole words.",
+    )
+
+    @model_validator(mode="after")
+    def _overlap_at_most_half(self) -> "Chunking":
+        if self.max_tokens is not None and 2 * self.overlap_tokens > self.max_tokens:
+            raise ValueError(OVERLAP_AT_MOST_HALF[1])
+        return self

@@ -83,6 +83,7 @@ runs = sa.Table(
     sa.Column("records_changed", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("records_unchanged", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("records_deleted", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("chunks_embedded", sa.BigInteger, nullable=False, server_default="0"),  # migration 0009
     sa.Column("reason", sa.String(64)),  # CamelCase, e.g. TooManyFailedBatches; set when failed
     sa.Column("error", sa.Text),
     _ts("started_at", nullable=False, server_default=sa.func.now()),
@@ -186,18 +187,23 @@ tenant_namespaces = sa.Table(
 
 
 def vectors_table(name: str, dim: int, meta: sa.MetaData | None = None, vector_type: str = "vector") -> sa.Table:
-    """The user's vectors table: one row per (collection, record id, model, revision); `embedding` is
-    `vector_type(dim)` (a key of VECTOR_TYPES)."""
+    """The user's vectors table: one row per (collection, record id, chunk, model, revision); `embedding` is
+    `vector_type(dim)` (a key of VECTOR_TYPES). `text` is the chunk's text, `char_start`/`char_end` its
+    character offsets into the record's text; `content_hash` is the whole record's, on each of its chunks.
+    A record without spec.chunking is one chunk, 0, over its whole text."""
     return sa.Table(
         name,
         meta if meta is not None else sa.MetaData(),
         sa.Column("collection", sa.String(128), primary_key=True),
         sa.Column("record_id", sa.Text, primary_key=True),
+        sa.Column("chunk", sa.Integer, primary_key=True, autoincrement=False),
         sa.Column("model", sa.String(256), primary_key=True),
         sa.Column("revision", sa.String(128), primary_key=True),
         sa.Column("content_hash", sa.String(64), nullable=False),
         sa.Column("embedding", VECTOR_TYPES[vector_type](dim), nullable=False),
         sa.Column("text", sa.Text, nullable=False),
+        sa.Column("char_start", sa.Integer, nullable=False),
+        sa.Column("char_end", sa.Integer, nullable=False),
         sa.Column("job_key", sa.String(300), nullable=False),
         sa.Column("batch_id", sa.String(64), nullable=False),
         _ts("created_at", nullable=False, server_default=sa.func.now()),

@@ -66,6 +66,16 @@ MALFORMED = [
         {"column": "lang", "op": "in", "value": "en"}]}}}, "spec.source.table.filter[0].values"),
     ("source-database-for-a-file", {"source": {"databaseSecretRef": {"name": "cms-db"}}},
      "spec.source.databaseSecretRef"),
+    ("chunk-tokens-too-few", {"chunking": {"maxTokens": 7}}, "spec.chunking.maxTokens"),
+    ("chunk-tokens-not-a-number", {"chunking": {"maxTokens": "256"}}, "spec.chunking.maxTokens"),
+    ("chunk-overlap-negative", {"chunking": {"overlapTokens": -1}}, "spec.chunking.overlapTokens"),
+    ("chunk-overlap-over-half", {"chunking": {"maxTokens": 128, "overlapTokens": 65}},
+     "spec.chunking.overlapTokens"),
+    ("chunk-over-the-model", {"model": {"maxSeqLength": 128}, "chunking": {"maxTokens": 256}},
+     "spec.chunking.maxTokens"),
+    ("chunk-overlap-over-the-model", {"model": {"maxSeqLength": 128}, "chunking": {"overlapTokens": 65}},
+     "spec.chunking.overlapTokens"),
+    ("chunk-unknown-field", {"chunking": {"strategy": "sentences"}}, "spec.chunking.strategy"),
 ]
 
 
@@ -97,6 +107,8 @@ def test_valid_variants_are_accepted(kube, namespace):
         "whole-gpus": {"workers": {"gpusPerActor": 2, "cpusPerActor": 4, "memory": "8Gi"}},
         "on-cluster": {"clusterSelector": {"ray.io/cluster": "shared-ray"}},
         "token-budget": {"batching": {"batchSize": 512, "maxTokens": 16384}},
+        "chunking": {"model": {"maxSeqLength": 256}, "chunking": {"maxTokens": 256, "overlapTokens": 128}},
+        "chunking-defaults": {"chunking": {}},
         "revision": {"model": {"package": None, "revision": "0123456789abcdef0123456789abcdef01234567"}},
         "table-sync": {"source": {"uri": None, "databaseSecretRef": {"name": "cms-db"}, "table": {
             **TABLE, "schema": "Sales_2026", "filter": [{"column": "lang", "op": "in", "values": ["en", "de"]},

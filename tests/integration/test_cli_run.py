@@ -30,9 +30,10 @@ def test_embedjob_run_then_search(tmp_path, database_url):
     found = run([*EMBEDJOB, "search", str(path), "the purpose of a PEP", "-k", "3", "--database-url", database_url])
     assert found.returncode == 0, found.stderr
     header, *hits = found.stdout.strip().splitlines()
-    assert header == "distance  id  snippet" and len(hits) == 3
-    distance, record_id, _ = hits[0].split(maxsplit=2)
+    assert header == "distance  id  chunk  chars  snippet" and len(hits) == 3
+    distance, record_id, chunk, chars, _ = hits[0].split(maxsplit=4)
     assert record_id.startswith("pep-0001-") and 0 <= float(distance) < 0.6
+    assert chunk == "0" and chars.startswith("0-")  # without spec.chunking: the whole text, chunk 0
     assert "Loading weights" not in found.stderr and "XDG_RUNTIME_DIR" not in found.stderr
 
     other = tmp_path / "other.yaml"

@@ -21,8 +21,9 @@ def test_migrations_create_the_bookkeeping_tables_idempotently(database_url):
         vectors = db.vectors_table("embeddings", 3)
         vectors.create(conn, checkfirst=True)
         conn.execute(sa.text(
-            "INSERT INTO embeddings (collection, record_id, model, revision, content_hash, embedding, text, job_key,"
-            " batch_id) VALUES ('c', 'r', 'm', 'v', 'h', '[1,0,0]', 't', 'j', 'b')"))
+            "INSERT INTO embeddings (collection, record_id, chunk, model, revision, content_hash, embedding, text,"
+            " char_start, char_end, job_key, batch_id) VALUES ('c', 'r', 0, 'm', 'v', 'h', '[1,0,0]', 't', 0, 1, 'j',"
+            " 'b')"))
         nearest = conn.execute(sa.text("SELECT record_id FROM embeddings ORDER BY embedding <=> '[1,0,0]' LIMIT 1"))
         assert nearest.scalar_one() == "r"
     engine.dispose()

@@ -38,6 +38,6 @@ def test_the_readmes_local_commands_run_as_written(tmp_path):
     found = _run(search, tmp_path)
     assert found.returncode == 0, found.stderr[-3000:]
     header, *hits = [line for line in found.stdout.splitlines() if line.strip()]
-    assert header.split() == ["distance", "id", "snippet"]
+    assert header.split() == ["distance", "id", "chunk", "chars", "snippet"]
     assert len(hits) == int(search.argv[search.argv.index("-k") + 1])
     assert "decorator" in found.stdout.lower()  # the README promises decorators; PEP 318/698 paragraphs answer

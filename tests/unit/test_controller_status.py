@@ -123,7 +123,7 @@ def test_lifecycle_to_complete():
     assert running["progress"] == {"batchesTotal": 400, "batchesSucceeded": 120, "batchesFailed": 0,
                                    "recordsEmbedded": 7680, "recordsFailed": 0, "textsPerSecond": 55.3,
                                    "recordsNew": 0, "recordsChanged": 0, "recordsUnchanged": 0,
-                                   "recordsDeleted": 0, "summary": "120/400 batches"}
+                                   "recordsDeleted": 0, "chunksEmbedded": 0, "summary": "120/400 batches"}
     by_type = {c["type"]: c for c in running["conditions"]}
     assert by_type["Running"]["message"] == "120/400 batches, 55.3 texts/s"
     assert by_type["Running"]["lastTransitionTime"] == T1

@@ -60,7 +60,8 @@ class EmbeddingWorker:
             "worker": self.worker_id,
         }
 
-    def embed(self, batch_id: str, texts: list[str]) -> dict[str, Any]:
+    def embed(self, batch_id: str, texts: list[str], pass_size: int | None = None) -> dict[str, Any]:
+        """Vectors of `texts`, `pass_size` texts a forward pass (default: all of them in one)."""
         started = time.monotonic()
         if "hang_once_file" in self.faults:
             try:
@@ -68,7 +69,7 @@ class EmbeddingWorker:
                 time.sleep(24 * 3600)
             except FileExistsError:
                 pass
-        vectors, splits = self._encode(texts)
+        vectors, splits = self._encode(texts, pass_size or len(texts))
         return {
             "batch_id": batch_id,
             "vectors": vectors,
@@ -80,15 +81,15 @@ class EmbeddingWorker:
             "oom_splits": splits,
         }
 
-    def _encode(self, texts: list[str]) -> tuple[np.ndarray, int]:
-        """Encode as one forward pass; on out-of-memory, encode the halves (recursively)."""
+    def _encode(self, texts: list[str], pass_size: int) -> tuple[np.ndarray, int]:
+        """Encode in forward passes of `pass_size` texts; on out-of-memory, encode the halves (recursively)."""
         import torch
 
         try:
             if len(texts) > self.faults.get("oom_above", len(texts)):
                 raise torch.OutOfMemoryError(f"injected: batch of {len(texts)} > {self.faults['oom_above']}")
             vectors = self.model.encode(
-                texts, batch_size=len(texts), normalize_embeddings=self.normalize,
+                texts, batch_size=min(len(texts), pass_size), normalize_embeddings=self.normalize,
                 convert_to_numpy=True, show_progress_bar=False,
             )
             return vectors.astype(np.float32, copy=False), 0
@@ -98,8 +99,8 @@ class EmbeddingWorker:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             half = len(texts) // 2
-            first, first_splits = self._encode(texts[:half])
-            second, second_splits = self._encode(texts[half:])
+            first, first_splits = self._encode(texts[:half], pass_size)
+            second, second_splits = self._encode(texts[half:], pass_size)
             return np.vstack([first, second]), 1 + first_splits + second_splits
 
     def _truncated(self, texts: list[str]) -> list[int]:

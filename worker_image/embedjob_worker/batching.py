@@ -8,16 +8,24 @@ same ids, which is what lets a resumed run skip the batches already written.
 With a token budget (spec.batching.maxTokens) the windows are sorted by token count (the
 model's own tokenizer, capped at its token limit) and cut so that each batch's padded
 size, records × its longest record's tokens, stays within the budget.
+
+With spec.chunking each window's records are chunked first (embedjob_worker.chunking) and
+the chunks are what is planned: windows sorted by their records' longest chunk, cut so
+that a batch holds at most batchSize chunks (and, with a budget, chunks × its longest
+chunk's tokens within it). A record's chunks always stay in one batch, so the batch's one
+transaction replaces all of a record's vectors at once; a record with more chunks than
+that is a batch of its own, which the actor encodes `encode_batch_size` chunks at a time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import islice
+from itertools import islice, repeat
 
-from .records import Record
+from .records import Record, Span
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +35,13 @@ class Batch:
 
     @property
     def texts(self) -> list[str]:
-        return [r.text for r in self.records]
+        """What the model encodes: each record's chunks' texts, in order (a record's whole text without chunking)."""
+        return [text for r in self.records for text in r.chunk_texts()]
+
+    def encode_batch_size(self, batch_size: int, max_tokens: int | None) -> int:
+        """How many of its chunks one forward pass takes: batchSize, and within the token budget if there is one."""
+        longest = max((s.tokens for r in self.records for s in r.spans), default=0)
+        return min(batch_size, max(1, max_tokens // longest)) if max_tokens and longest else batch_size
 
 
 def batch_id(batch_key: str, record_ids: Iterable[str]) -> str:
@@ -77,21 +91,23 @@ class TokenBudget:
     count: Callable[[list[str]], list[int]]
 
 
-def budget_cuts(token_counts: Sequence[int], max_tokens: int, batch_size: int) -> list[int]:
-    """The sizes of the consecutive batches a sequence of records is cut into, greedily.
+def budget_cuts(token_counts: Sequence[int], max_tokens: int | None, batch_size: int,
+                weights: Sequence[int] | None = None) -> list[int]:
+    """The sizes (in records) of the consecutive batches a sequence of records is cut into, greedily.
 
-    A batch grows while it holds at most batch_size records and its padded size (records ×
-    the most tokens of any of them) stays within max_tokens; a record over the budget on
-    its own becomes a batch of one. sum(result) == len(token_counts).
+    A record weighs `weights[i]` rows of a forward pass (its chunks; default 1). A batch grows
+    while it weighs at most batch_size and its padded size (weight × the most tokens of any
+    of its records) stays within max_tokens (None: no budget); a record over either on its
+    own becomes a batch of one. sum(result) == len(token_counts).
     """
     sizes: list[int] = []
-    size = longest = 0
-    for tokens in token_counts:
+    size = weight = longest = 0
+    for tokens, rows in zip(token_counts, weights if weights is not None else repeat(1)):
         grown = max(longest, tokens)
-        if size and (size == batch_size or (size + 1) * grown > max_tokens):
+        if size and (weight + rows > batch_size or (max_tokens is not None and (weight + rows) * grown > max_tokens)):
             sizes.append(size)
-            size, grown = 0, tokens
-        size, longest = size + 1, grown
+            size, weight, grown = 0, 0, tokens
+        size, weight, longest = size + 1, weight + rows, grown
     if size:
         sizes.append(size)
     return sizes
@@ -106,14 +122,35 @@ def _token_sorted_cuts(window: list[Record], budget: TokenBudget, batch_size: in
         start += size
 
 
+def _chunked_cuts(window: list[Record], chunker: Callable[[list[str]], list[tuple[Span, ...]]],
+                  budget: TokenBudget | None, batch_size: int, sort: bool) -> Iterator[list[Record]]:
+    """One window's records with their chunks, sorted by their longest chunk (longest first, ties by
+    position) unless `sort` is off, cut into batches of at most batch_size chunks (within the budget)."""
+    chunked = [dataclasses.replace(r, spans=spans) for r, spans in zip(window, chunker([r.text for r in window]))]
+    if sort:
+        chunked.sort(key=lambda r: (-max(s.tokens for s in r.spans), r.position))
+    start = 0
+    for size in budget_cuts([max(s.tokens for s in r.spans) for r in chunked], budget and budget.max_tokens,
+                            batch_size, [len(r.spans) for r in chunked]):
+        yield chunked[start : start + size]
+        start += size
+
+
 def make_batches(records: Iterable[Record], batch_size: int, sort_window: int, key: str,
-                 budget: TokenBudget | None = None) -> Iterator[Batch]:
+                 budget: TokenBudget | None = None,
+                 chunker: Callable[[list[str]], list[tuple[Span, ...]]] | None = None) -> Iterator[Batch]:
     """Cut each window into batches of batch_size (a window's last batch may be smaller), or,
-    with a token budget, into batches of at most batch_size records within the budget.
+    with a token budget, into batches of at most batch_size records within the budget; with
+    a chunker (spec.chunking), into batches of whole records' chunks (module docstring).
 
     sort_window=0 disables length bucketing: windows of one batch, i.e. input order (the
     spec allows no token budget then: it is only meaningful over length-sorted windows).
     """
+    if chunker is not None:
+        for window in windows(records, sort_window or batch_size):
+            for cut in _chunked_cuts(window, chunker, budget, batch_size, sort=sort_window > 0):
+                yield Batch(batch_id(key, (r.id for r in cut)), tuple(cut))
+        return
     if budget is not None:
         for window in windows(records, sort_window or batch_size):
             for chunk in _token_sorted_cuts(window, budget, batch_size):

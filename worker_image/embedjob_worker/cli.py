@@ -59,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
                      help="build this vector index after the run (default: the manifest's spec.sink.index, else none)")
     run.add_argument("--max-tokens", type=int, metavar="N",
                      help="token budget per batch: overrides spec.batching.maxTokens (docs/token-budget.md)")
+    run.add_argument("--chunk-max-tokens", type=int, metavar="N",
+                     help="cut long texts into chunks of N tokens, one vector each: sets spec.chunking.maxTokens "
+                     "(docs/chunking.md)")
+    run.add_argument("--chunk-overlap-tokens", type=int, metavar="N",
+                     help="tokens a chunk repeats from the one before: sets spec.chunking.overlapTokens (turns "
+                     "chunking on)")
     search = commands.add_parser("search", help="nearest neighbours of a query in the job's collection")
     search.add_argument("manifest", type=Path)
     search.add_argument("query")
@@ -97,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         config = _with_index(JobConfig.from_file(args.manifest), getattr(args, "index", None))
         if getattr(args, "max_tokens", None) is not None:
             config = config.with_max_tokens(args.max_tokens)
+        chunk_flags = (getattr(args, "chunk_max_tokens", None), getattr(args, "chunk_overlap_tokens", None))
+        if chunk_flags != (None, None):
+            config = config.with_chunking(*chunk_flags)
     except (SpecError, OSError) as exc:
         print(f"embedjob: invalid manifest {args.manifest}: {exc}", file=sys.stderr)
         return ExitCode.INVALID_CONFIG
@@ -149,7 +158,7 @@ def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     # Until the input has been read through, the batch count is estimated from the records.
     # With a token budget the count depends on the texts' tokens: unknown until read through.
     estimate = (f"~{estimated_batches(total, spec.batching.batch_size, spec.batching.sort_window)}"
-                if total and spec.batching.max_tokens is None else "?")
+                if total and spec.batching.max_tokens is None and spec.chunking is None else "?")
     source = table_uri(spec.source.table) if spec.source.table else spec.source.uri
     print(f"embedjob: {config.name}: {source} -> {mask_url(url)} table {spec.sink.table}, "
           f"collection {spec.sink.collection}", file=sys.stderr)
@@ -177,6 +186,7 @@ def _print_summary(summary) -> None:
     if c is not None:
         lines += [
             f"records embedded   {c.records_embedded} ({summary.records_truncated} truncated)",
+            f"chunks embedded    {c.chunks_embedded} (vectors the model embedded in this run)",
             f"records failed     {c.records_failed}",
             f"records by content {c.records_new} new, {c.records_changed} changed, {c.records_unchanged} unchanged,"
             f" {c.records_deleted} deleted",
@@ -219,6 +229,9 @@ def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
                            metric_for(config.spec.model.normalize), args.ef_search)
     except sa.exc.OperationalError as exc:
         raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
+    except ValueError as exc:  # a table search cannot read (another vector type, from before chunking)
+        print(f"embedjob: {exc}", file=sys.stderr)
+        return ExitCode.JOB_FAILED
     finally:
         engine.dispose()
     if hits is None:
@@ -228,9 +241,10 @@ def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
         print(f"embedjob: no vectors in collection {sink.collection!r} of table {sink.table} for "
               f"{resolved.name}@{resolved.revision}: run `embedjob run {args.manifest}` first", file=sys.stderr)
         return ExitCode.JOB_FAILED
-    print("distance  id  snippet")  # cosine distance: 0 is the same direction, 2 the opposite
+    # cosine distance: 0 is the same direction, 2 the opposite; chars: the chunk's offsets into the record's text
+    print("distance  id  chunk  chars  snippet")
     for hit in hits:
         snippet = " ".join(hit.text.split())
         snippet = snippet if len(snippet) <= SNIPPET_CHARS else snippet[: SNIPPET_CHARS - 1] + "…"
-        print(f"{hit.distance:.4f}  {hit.record_id}  {snippet}")
+        print(f"{hit.distance:.4f}  {hit.record_id}  {hit.chunk}  {hit.char_start}-{hit.char_end}  {snippet}")
     return ExitCode.SUCCEEDED

@@ -48,8 +48,17 @@ class JobConfig:
     def with_max_tokens(self, max_tokens: int) -> "JobConfig":
         """The job with spec.batching.maxTokens set (`embedjob run --max-tokens`), validated like the
         manifest: SpecError names the field."""
+        return self._with("batching", maxTokens=max_tokens)
+
+    def with_chunking(self, max_tokens: int | None, overlap_tokens: int | None) -> "JobConfig":
+        """The job with spec.chunking on, and those of its fields that are not None set (`embedjob run
+        --chunk-max-tokens/--chunk-overlap-tokens`); SpecError names the field."""
+        given = {"maxTokens": max_tokens, "overlapTokens": overlap_tokens}
+        return self._with("chunking", **{name: value for name, value in given.items() if value is not None})
+
+    def _with(self, section: str, **fields: Any) -> "JobConfig":
         spec = self.spec.model_dump(by_alias=True, exclude_none=True)
-        spec["batching"]["maxTokens"] = max_tokens
+        spec[section] = {**spec.get(section, {}), **fields}
         return dataclasses.replace(self, spec=parse_spec(spec))
 
     @classmethod
@@ -75,9 +84,12 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str) -> dict[str, Any]:
 
     Replicas, CPUs, maxInFlight and retry settings are left out: changing them neither
     changes a batch nor a vector nor where it goes, so a resumed job may use different ones.
-    batching.maxTokens is only present when set, so runs from before it existed keep their fingerprint.
+    batching.maxTokens and chunking are only present when set, so runs from before they existed keep their
+    fingerprint.
     """
     budget = {"batching.maxTokens": spec.batching.max_tokens} if spec.batching.max_tokens is not None else {}
+    chunking = {} if spec.chunking is None else {"chunking.maxTokens": spec.chunking.max_tokens,
+                                                 "chunking.overlapTokens": spec.chunking.overlap_tokens}
     return {
         "source.format": spec.source.format,
         "source.idField": spec.source.id_field,
@@ -91,6 +103,7 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str) -> dict[str, Any]:
         "sink.table": spec.sink.table,
         "sink.collection": spec.sink.collection,
         **budget,
+        **chunking,
     }
 
 

@@ -30,7 +30,7 @@ from .inflight import InFlightBatches
 from .logs import log_event
 from .metrics import DriverMetrics
 from .model import ResolvedModel
-from .records import BadReason, BadRecord
+from .records import BadReason, BadRecord, chunk_owners
 from .sink import HEARTBEAT_S, AttemptRow, BatchOutcome, now
 from .tally import RunSummary
 from .workers import ActorSet, check_model
@@ -129,18 +129,23 @@ class Dispatcher:
         for ref, batch_id in list(self._refs.items()):
             attempt = self._in_flight.attempt(batch_id)
             grace = 0.0 if attempt.worker in self._answered else loading
-            if time.monotonic() - attempt.submitted <= limit + grace:
+            if time.monotonic() - attempt.submitted <= limit * self._passes(attempt.batch) + grace:
                 continue
             del self._refs[ref]
             attempt = self._complete(batch_id)
             # The actor's other attempts then fail with RayActorError and are retried as lost.
             ray.kill(attempt.actor, no_restart=True)
             self.actors.replace(attempt.slot, attempt.actor)
-            outcome = self._failed_attempt(attempt, "BatchTimeout", f"no result after {limit + grace:.0f}s: the "
+            waited = limit * self._passes(attempt.batch) + grace
+            outcome = self._failed_attempt(attempt, "BatchTimeout", f"no result after {waited:.0f}s: the "
                                            "actor was killed and replaced", retryable=True)
             if outcome is not None:
                 outcomes.append(outcome)
         return outcomes
+
+    def _passes(self, batch: Batch) -> int:
+        """Forward passes of batchSize chunks the batch takes: more than one only for a record of more chunks."""
+        return max(1, -(-len(chunk_owners(batch.records)) // self.spec.batching.batch_size))
 
     def _submit(self, attempt: Attempt) -> None:
         actors = self.actors
@@ -149,7 +154,9 @@ class Dispatcher:
         attempt.worker = actors.actor_name(attempt.slot)
         attempt.started_at, attempt.submitted = now(), time.monotonic()
         actors.outstanding[attempt.slot] += 1
-        ref = attempt.actor.embed.remote(attempt.batch.batch_id, attempt.batch.texts)
+        batching = self.spec.batching
+        ref = attempt.actor.embed.remote(attempt.batch.batch_id, attempt.batch.texts,
+                                         attempt.batch.encode_batch_size(batching.batch_size, batching.max_tokens))
         self._in_flight.add(attempt.batch.batch_id, attempt)
         self._refs[ref] = attempt.batch.batch_id
         log_event(log, "batch_dispatched", batch=attempt.batch.batch_id, attempt=attempt.number,
@@ -194,9 +201,10 @@ class Dispatcher:
             history.append(AttemptRow(attempt.number, worker, "split", f"OutOfMemory: batch of {len(batch.records)}"
                                       f" split in halves {result['oom_splits']} time(s)", attempt.started_at))
         history.append(AttemptRow(attempt.number, worker, "succeeded", None, attempt.started_at))
-        truncated = [BadRecord(batch.records[i].position, batch.records[i].id, BadReason.truncated,
+        owners = chunk_owners(batch.records)
+        truncated = [BadRecord(record.position, record.id, BadReason.truncated,
                                f"longer than {self.max_tokens} tokens: embedded truncated", batch.batch_id)
-                     for i in result["truncated"]]
+                     for record in dict.fromkeys(owners[i] for i in result["truncated"])]
         self.summary.records_truncated += len(truncated)
         self.metrics.records.labels("embedded").inc(len(batch.records))
         self.metrics.records.labels("truncated").inc(len(truncated))

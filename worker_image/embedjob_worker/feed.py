@@ -12,7 +12,7 @@ from embedjob.api import EmbeddingJobSpec
 from .batching import Batch, TokenBudget, make_batches
 from .errors import JobFailed
 from .metrics import DriverMetrics
-from .records import BadRecord, IdRegistry, RawRecord, Record, classify_records
+from .records import BadRecord, IdRegistry, RawRecord, Record, Span, classify_records
 from .sink import DoneBatch
 from .source import source_records
 from .tally import RunTally
@@ -26,13 +26,15 @@ def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: di
                      metrics: DriverMetrics, on_bad_records: Callable[[list[BadRecord]], None],
                      ids: IdRegistry | None = None, source_database_url: str | None = None,
                      to_embed: Callable[[Batch], Batch | None] | None = None,
-                     budget: TokenBudget | None = None) -> Iterator[Batch]:
+                     budget: TokenBudget | None = None,
+                     chunker: Callable[[list[str]], list[tuple[Span, ...]]] | None = None) -> Iterator[Batch]:
     """Stream the batches of valid records (batch ids derive from `key`), skipping those in
     `done_before` (the batches an earlier session of the job wrote, by id). `ids`
     decides duplicate ids (records.classify_records; the driver's keeps them in PostgreSQL).
     A table source is read from `source_database_url`. `to_embed` keeps the part of a batch
     the model still has to embed, None when nothing is left (incremental.IncrementalFeed).
-    `budget` (spec.batching.maxTokens) cuts batches by padded tokens instead of by count.
+    `budget` (spec.batching.maxTokens) cuts batches by padded tokens instead of by count;
+    `chunker` (spec.chunking) cuts each record into chunks, and batches hold whole records' chunks.
 
     Bad records go to `on_bad_records` before the next batch, or once BAD_RECORDS_GROUP of
     them have piled up; once the input has been read through, the tally learns its totals.
@@ -62,7 +64,8 @@ def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: di
     raw = source_records(source, uri, source_database_url)
     total = 0
     try:
-        for batch in make_batches(valid(raw), batching.batch_size, batching.sort_window, key, budget):
+        for batch in make_batches(valid(raw), batching.batch_size, batching.sort_window, key, budget,
+                                  chunker):
             hand_over_bad()
             total += 1
             if batch.batch_id in done_before:

@@ -32,13 +32,18 @@ from .tally import RunTally
 
 log = logging.getLogger("embedjob_worker.incremental")
 
+# Chunk 0 stands for its record: all of a record's chunks are written together, with the record's hash.
 _STORED_SQL = ('SELECT record_id, content_hash, batch_id FROM "{table}" WHERE collection = :collection'
-               " AND model = :model AND revision = :revision AND record_id = ANY(:ids)")
+               " AND model = :model AND revision = :revision AND record_id = ANY(:ids) AND chunk = 0")
 _EXISTS_SQL = sa.text("SELECT to_regclass(:table) IS NOT NULL")
+# Every chunk of a record gone; the count is of records.
 _DELETE_MISSING_SQL = """
-DELETE FROM "{table}" AS v
-WHERE v.collection = :collection AND v.model = :model AND v.revision = :revision
-  AND NOT EXISTS (SELECT 1 FROM embedjob_seen_ids s WHERE s.run_id = :run_id AND s.record_id = v.record_id)
+WITH gone AS (
+  DELETE FROM "{table}" AS v
+  WHERE v.collection = :collection AND v.model = :model AND v.revision = :revision
+    AND NOT EXISTS (SELECT 1 FROM embedjob_seen_ids s WHERE s.run_id = :run_id AND s.record_id = v.record_id)
+  RETURNING v.record_id)
+SELECT count(DISTINCT record_id) FROM gone
 """
 
 
@@ -108,13 +113,14 @@ class IncrementalFeed:
 
 
 def delete_missing(engine: sa.Engine, table: str, collection: str, model: str, revision: str, run_id: str) -> int:
-    """Delete the vectors (of this collection, model and revision) whose id run `run_id` did not read."""
+    """Delete the vectors (of this collection, model and revision; every chunk) whose id run `run_id` did
+    not read; how many records they were."""
     with engine.begin() as conn:
         if not conn.execute(_EXISTS_SQL, {"table": f'"{table}"'}).scalar_one():
             return 0  # nothing was ever embedded into it
         deleted = conn.execute(sa.text(_DELETE_MISSING_SQL.format(table=table)),
                                {"collection": collection, "model": model, "revision": revision,
-                                "run_id": run_id}).rowcount
+                                "run_id": run_id}).scalar_one()
     log_event(log, "vectors_deleted", run=run_id, collection=collection, deleted=deleted)
     return deleted
 
@@ -129,13 +135,13 @@ def latest_run_succeeded(engine: sa.Engine, job_key: str) -> bool:
     return state == "succeeded"
 
 
-def resumed_counts(engine: sa.Engine, run_id: str) -> tuple[int, int]:
-    """The new and changed records run `run_id` committed before it was resumed."""
+def resumed_counts(engine: sa.Engine, run_id: str) -> tuple[int, int, int]:
+    """The new and changed records, and the chunks embedded, run `run_id` committed before it was resumed."""
     runs = db.runs
     with engine.connect() as conn:
-        row = conn.execute(sa.select(runs.c.records_new, runs.c.records_changed)
+        row = conn.execute(sa.select(runs.c.records_new, runs.c.records_changed, runs.c.chunks_embedded)
                            .where(runs.c.run_id == run_id)).one()
-    return row.records_new, row.records_changed
+    return row.records_new, row.records_changed, row.chunks_embedded
 
 
 def forget_seen_ids(engine: sa.Engine, run_id: str) -> None:

@@ -45,10 +45,34 @@ class RawRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class Span:
+    """One chunk of a record's text (spec.chunking): character offsets (str indices) and its tokens."""
+
+    start: int
+    end: int
+    tokens: int  # what the model sees: the chunk's tokens with the special ones
+
+
+@dataclass(frozen=True, slots=True)
 class Record:
     position: int
     id: str
     text: str
+    # The record's chunks (embedjob_worker.chunking); empty without spec.chunking: one chunk, its whole text.
+    spans: tuple[Span, ...] = ()
+
+    @property
+    def chunks(self) -> tuple[Span, ...]:
+        """Its chunks; without spec.chunking one, 0, over the whole text (its tokens not counted: 0)."""
+        return self.spans or (Span(0, len(self.text), 0),)
+
+    def chunk_texts(self) -> list[str]:
+        return [self.text[s.start : s.end] for s in self.spans] if self.spans else [self.text]
+
+
+def chunk_owners(records: Iterable[Record]) -> list[Record]:
+    """The record of each chunk of `records`, in the order their chunks are embedded and written."""
+    return [r for r in records for _ in r.chunks]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,10 @@
 """Runs one embedding job: starts or resumes its run and wires lease, actors, feed, dispatch and writer.
 
 The steps (docs/driver.md, "What a run does"): migrate, resolve the model's revision
-and fingerprint the input, start or resume the run row, then stream the batches, each
-without the records whose vector is up to date (embedjob_worker.incremental); once the
+and fingerprint the input, load the tokenizer a token budget or spec.chunking needs, start
+or resume the run row, upgrade a vectors table from before chunking (vectors_table), then
+stream the batches, each without the records whose vector is up to date
+(embedjob_worker.incremental), cut into chunks with spec.chunking; once the
 first batch needs the model, lease the shared pool if the job runs on one, start the
 actors and wait for their model, and run the batches through the Dispatcher into the
 SinkWriter. Finally delete the vectors of ids gone from the source if sync.deleteMissing
@@ -23,7 +25,8 @@ import sqlalchemy as sa
 from embedjob.api import RunCounters
 from embedjob.db import SchemaBehind
 
-from .batching import Batch, batch_key
+from .batching import Batch, TokenBudget, batch_key
+from .chunking import Chunker
 from .config import JobConfig, config_fingerprint, run_identity
 from .dispatch import Dispatcher
 from .errors import DB_ERRORS, JobFailed, Unreachable, retry_database, too_many_failed_batches
@@ -42,8 +45,9 @@ from .snapshot import InputSnapshot, input_snapshot
 from .source import resolve_uri
 from .table_source import table_snapshot, table_uri
 from .tally import RunSummary, RunTally
-from .tokens import model_token_limit, token_budget
+from .tokens import chunker_for, load_tokenizer, model_token_limit, token_budget
 from .vector_index import check_indexable, ensure_index, metric_for
+from .vectors_table import upgrade_vectors_table
 from .workers import ActorSet, check_model
 from .writer import SinkWriter
 
@@ -75,7 +79,8 @@ class JobRun:
         self.started = time.monotonic()
         self.summary = RunSummary(run_id=None, state="running")
         self.sink = PostgresSink(database_url, config.job_key, self.spec.sink.collection, self.spec.sink.table,
-                                 content_salt(self.spec.model.normalize, self.spec.model.max_seq_length),
+                                 content_salt(self.spec.model.normalize, self.spec.model.max_seq_length,
+                                              self.spec.chunking),
                                  self.spec.sink.vector_type)
 
     def run(self) -> RunSummary:
@@ -94,6 +99,7 @@ class JobRun:
         try:
             self.sink.lock_job(self.options.job_lock_wait_s)
             resolved, uri, snapshot = self._resolve_inputs()
+            budget, chunker = self._token_plan(resolved)
             identity = run_identity(self.spec, resolved.revision)
             config_fp = config_fingerprint(identity)
             # A table's rows change by design: each sync after a finished one is a run of its own (docs/table-source.md).
@@ -108,7 +114,9 @@ class JobRun:
         log_event(log, "run_started", job=self.config.job_key, run=start.run_id, resumed=start.resumed,
                   model=resolved.name, revision=resolved.revision, source=uri)
         try:
-            failure = self._embed(resolved, uri, batch_key(snapshot.fingerprint, config_fp), start)
+            # Before the table is read (stored hashes) or written: never chunks into a table keyed without them.
+            retry_database(lambda: upgrade_vectors_table(self.sink.engine, self.spec.sink.table), "vectors_table")
+            failure = self._embed(resolved, uri, batch_key(snapshot.fingerprint, config_fp), start, budget, chunker)
             if failure is None and self.spec.sync.delete_missing:
                 self.tally.deleted(retry_database(lambda: delete_missing(
                     self.sink.engine, self.spec.sink.table, self.spec.sink.collection, resolved.name,
@@ -147,7 +155,25 @@ class JobRun:
                                        failure.reason, str(failure))
         raise failure
 
-    def _embed(self, resolved: ResolvedModel, uri: str, key: str, start: RunStart) -> JobFailed | None:
+    def _token_plan(self, resolved: ResolvedModel) -> tuple[TokenBudget | None, Chunker | None]:
+        """The token budget and the chunker the spec asks for (one tokenizer for both); a refused start
+        when the model cannot take them."""
+        spec, limit = self.spec, model_token_limit(resolved)
+        try:
+            tokenizer = (load_tokenizer(resolved) if spec.batching.max_tokens is not None and spec.chunking is not None
+                         else None)
+            return (token_budget(spec.batching.max_tokens, resolved, limit, tokenizer),
+                    chunker_for(spec.chunking, resolved, limit, tokenizer))
+        except (OSError, ValueError) as exc:
+            failure = JobFailed("ModelUnavailable", f"spec.model: the tokenizer: {type(exc).__name__}: {exc}")
+        except JobFailed as exc:
+            failure = exc
+        self.sink.record_refused_start(self.config.name, self.config.namespace, self.spec.model.name,
+                                       failure.reason, str(failure))
+        raise failure
+
+    def _embed(self, resolved: ResolvedModel, uri: str, key: str, start: RunStart, budget: TokenBudget | None,
+               chunker: Chunker | None) -> JobFailed | None:
         """Embed and write every batch still to do; why the run failed, or None."""
         spec, run_id = self.spec, start.run_id
         run_batches = run_batch_ids(self.sink.engine, self.config.job_key, run_id) if start.resumed else set()
@@ -169,8 +195,7 @@ class JobRun:
                 batches = batches_to_embed(spec, uri, key, done_before, self.tally, self.metrics,
                                            writer.put_bad_records, SeenIds(self.sink.engine, run_id),
                                            self.source_database_url,
-                                           IncrementalFeed(stored, run_batches, self.tally).to_embed,
-                                           token_budget(spec.batching.max_tokens, resolved, model_token_limit(resolved)))
+                                           IncrementalFeed(stored, run_batches, self.tally).to_embed, budget, chunker)
                 # No actor starts (nor model loads) before a batch needs one: an unchanged re-run starts none.
                 first = next(batches, None)
                 failure = (self._outcome_failure(0) if first is None else

@@ -22,29 +22,40 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from embedjob import db
+from embedjob.api import Chunking
 
 from .config import identity_changes
 from .errors import JobFailed
 from .logs import log_event
-from .records import BadRecord, Record
+from .records import BadRecord, Record, chunk_owners
 from .snapshot import describe_input
+from .vectors_table import ensure_vectors_table
 
 # One staging table per vector type (db.VECTOR_TYPES), so the COPY carries the column's own binary format.
 _STAGING_DDL = (
-    "CREATE TEMP TABLE IF NOT EXISTS embedjob_staging_{vector_type}"
-    " (record_id text, content_hash text, embedding {vector_type}, text text, batch_id text) ON COMMIT DELETE ROWS"
+    "CREATE TEMP TABLE IF NOT EXISTS embedjob_staging_{vector_type} (record_id text, chunk int4, char_start int4,"
+    " char_end int4, content_hash text, embedding {vector_type}, text text, batch_id text) ON COMMIT DELETE ROWS"
 )
-_COPY_SQL = ("COPY embedjob_staging_{vector_type} (record_id, content_hash, embedding, text, batch_id)"
-             " FROM STDIN (FORMAT BINARY)")
+_COPY_SQL = ("COPY embedjob_staging_{vector_type} (record_id, chunk, char_start, char_end, content_hash, embedding,"
+             " text, batch_id) FROM STDIN (FORMAT BINARY)")
 _MERGE_SQL = """
-INSERT INTO "{table}" AS t (collection, record_id, model, revision, content_hash, embedding, text, job_key, batch_id)
-SELECT %(collection)s, s.record_id, %(model)s, %(revision)s, s.content_hash, s.embedding, s.text, %(job_key)s,
-       s.batch_id
+INSERT INTO "{table}" AS t (collection, record_id, chunk, model, revision, content_hash, embedding, text, char_start,
+                            char_end, job_key, batch_id)
+SELECT %(collection)s, s.record_id, s.chunk, %(model)s, %(revision)s, s.content_hash, s.embedding, s.text,
+       s.char_start, s.char_end, %(job_key)s, s.batch_id
 FROM embedjob_staging_{vector_type} s
-ON CONFLICT (collection, record_id, model, revision) DO UPDATE
+ON CONFLICT (collection, record_id, chunk, model, revision) DO UPDATE
 SET content_hash = excluded.content_hash, embedding = excluded.embedding, text = excluded.text,
-    job_key = excluded.job_key, batch_id = excluded.batch_id, updated_at = now()
+    char_start = excluded.char_start, char_end = excluded.char_end, job_key = excluded.job_key,
+    batch_id = excluded.batch_id, updated_at = now()
 WHERE t.content_hash IS DISTINCT FROM excluded.content_hash
+"""
+# In the merge's transaction: a written record keeps exactly its new chunks (one that got shorter loses the rest).
+_DROP_STALE_CHUNKS_SQL = """
+DELETE FROM "{table}" AS t USING (SELECT record_id, max(chunk) AS last FROM embedjob_staging_{vector_type}
+                                  GROUP BY record_id) s
+WHERE t.collection = %(collection)s AND t.record_id = s.record_id AND t.model = %(model)s
+  AND t.revision = %(revision)s AND t.chunk > s.last
 """
 log = logging.getLogger("embedjob_worker.sink")
 _JOB_LOCK_POLL_S = 1.0
@@ -89,7 +100,7 @@ class BatchOutcome:
 
 
 # Runs that ended before embedding anything; a later start compares against the run before them.
-REFUSED_START_REASONS = ("InputChanged", "ModelUnavailable", "SourceUnavailable")
+REFUSED_START_REASONS = ("InputChanged", "ModelUnavailable", "SourceUnavailable", "ChunkingUnsupported")
 
 
 @dataclass(frozen=True)
@@ -106,9 +117,11 @@ class RunStart:
     resumed: bool
 
 
-def content_salt(normalize: bool, max_seq_length: int | None) -> bytes:
-    """Part of every content hash: settings that change a vector without changing its key."""
-    return f"normalize={normalize};max_seq_length={max_seq_length}\x00".encode()
+def content_salt(normalize: bool, max_seq_length: int | None, chunking: Chunking | None = None) -> bytes:
+    """Part of every content hash: settings that change a vector without changing its key (the chunking
+    only when set, so the hashes of vectors written without it stay as they were)."""
+    chunks = "" if chunking is None else f";chunking={chunking.max_tokens}/{chunking.overlap_tokens}"
+    return f"normalize={normalize};max_seq_length={max_seq_length}{chunks}\x00".encode()
 
 
 def content_hash(salt: bytes, text: bytes) -> str:
@@ -124,18 +137,22 @@ def copy_payload(outcomes: list[BatchOutcome], salt: bytes, vector_type: str = "
         with np.errstate(over="ignore"):  # beyond float16's range: inf, refused below
             vectors = np.ascontiguousarray(outcome.vectors, dtype=dtype)
         if vector_type == "halfvec" and not np.isfinite(vectors).all():
-            record = outcome.records[int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])]
+            record = chunk_owners(outcome.records)[int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])]
             raise JobFailed("VectorOutOfRange", f"record {record.id!r} (batch {outcome.batch_id}): a component is "
                                                 f"beyond halfvec's range (±65504); use vectorType vector")
         count, dim = vectors.shape
         vector_prefix = struct.pack(">ihh", 4 + dtype.itemsize * dim, dim, 0)
         batch_id = outcome.batch_id.encode()
         batch_field = struct.pack(">i", len(batch_id)) + batch_id
-        for record, vector in zip(outcome.records, vectors):
+        rows = iter(vectors)
+        for record in outcome.records:
             record_id = record.id.encode()
-            text = record.text.encode()
-            parts += (struct.pack(">hi", 5, len(record_id)), record_id, _HASH_FIELD, content_hash(salt, text).encode(),
-                      vector_prefix, vector.tobytes(), struct.pack(">i", len(text)), text, batch_field)
+            id_field = struct.pack(">hi", 8, len(record_id)) + record_id
+            hash_field = _HASH_FIELD + content_hash(salt, record.text.encode()).encode()  # the record's, on each chunk
+            for number, (span, text) in enumerate(zip(record.chunks, record.chunk_texts())):
+                text = text.encode()
+                parts += (id_field, struct.pack(">iiiiii", 4, number, 4, span.start, 4, span.end), hash_field,
+                          vector_prefix, next(rows).tobytes(), struct.pack(">i", len(text)), text, batch_field)
     parts.append(_COPY_TRAILER)
     return b"".join(parts)
 
@@ -149,7 +166,8 @@ class PostgresSink:
             raise ValueError(f"vector type {vector_type!r} is not one of {', '.join(db.VECTOR_TYPES)}")
         self.vector_type = vector_type
         self.staging_ddl, self.copy_sql = (sql.format(vector_type=vector_type) for sql in (_STAGING_DDL, _COPY_SQL))
-        self.merge_sql = _MERGE_SQL.format(table=table, vector_type=vector_type)
+        self.merge_sql, self.drop_stale_chunks_sql = (sql.format(table=table, vector_type=vector_type)
+                                                      for sql in (_MERGE_SQL, _DROP_STALE_CHUNKS_SQL))
         self.model = self.revision = None  # set by start_run
         self._job_lock: sa.Connection | None = None  # holds the job's session-level advisory lock
 
@@ -178,22 +196,7 @@ class PostgresSink:
         db.migrate(self.url)
 
     def ensure_vectors_table(self, dim: int) -> None:
-        with self.engine.begin() as conn:
-            # Drivers of two jobs sharing a table may start together; CREATE TABLE's
-            # check-then-create is not atomic (a duplicate pg_type row otherwise).
-            conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": self.table})
-            db.vectors_table(self.table, dim, vector_type=self.vector_type).create(conn, checkfirst=True)
-            existing_type, existing_dim = conn.execute(sa.text(
-                "SELECT atttypid::regtype::text, atttypmod FROM pg_attribute"
-                " WHERE attrelid = CAST(:t AS regclass) AND attname = 'embedding'"
-            ), {"t": f'"{self.table}"'}).one()
-        if existing_type != self.vector_type:  # never mixed: each write and search casts to one type
-            raise JobFailed("VectorTypeMismatch",
-                            f"table {self.table} holds {existing_type}({existing_dim}) vectors but spec.sink.vectorType "
-                            f"is {self.vector_type}: set vectorType {existing_type}, or write to another table")
-        if existing_dim != dim:
-            raise JobFailed("VectorDimensionMismatch", f"table {self.table} holds {existing_type}({existing_dim}) but "
-                                                       f"the model gives {dim} dimensions")
+        ensure_vectors_table(self.engine, self.table, dim, self.vector_type)
 
     def start_run(self, job_name: str, namespace: str, model: str, revision: str, input_fp: str, config_fp: str,
                   new_run: bool, identity: dict | None = None, input_record: dict | None = None,
@@ -277,8 +280,9 @@ class PostgresSink:
                     cur.execute(self.staging_ddl)
                     with cur.copy(self.copy_sql) as copy:
                         copy.write(copy_payload(succeeded, self.salt, self.vector_type))
-                    cur.execute(self.merge_sql, {"collection": self.collection, "model": self.model,
-                                                 "revision": self.revision, "job_key": self.job_key})
+                    scope = {"collection": self.collection, "model": self.model, "revision": self.revision}
+                    cur.execute(self.merge_sql, {**scope, "job_key": self.job_key})
+                    cur.execute(self.drop_stale_chunks_sql, scope)
             if outcomes:
                 self._write_batches(conn, run_id, outcomes)
             errors = bad_records + [bad for o in succeeded for bad in o.truncated]

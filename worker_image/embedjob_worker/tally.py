@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from embedjob.api import RunCounters
 
 from .logs import log_event
+from .records import chunk_owners
 from .sink import BatchOutcome, DoneBatch
 from .vector_index import IndexBuild
 
@@ -32,6 +33,7 @@ class RunTally:
         # (from the run row when the run is resumed), those of batches not yet committed by batch id,
         # records whose vector was up to date, and vectors deleted at the end.
         self.records_new = self.records_changed = self.records_unchanged = self.records_deleted = 0
+        self.chunks_embedded = 0  # of committed batches (from the run row when the run is resumed)
         self._classified: dict[str, tuple[int, int]] = {}
         self._embedding_started: float | None = None
 
@@ -51,10 +53,10 @@ class RunTally:
             self.records_skipped += done.records_embedded
             self.truncated_skipped += done.records_truncated
 
-    def resumed(self, new: int, changed: int) -> None:
-        """A resumed run's new and changed records, as its earlier sessions committed them."""
+    def resumed(self, new: int, changed: int, chunks: int) -> None:
+        """A resumed run's new and changed records and chunks embedded, as its earlier sessions committed them."""
         with self._lock:
-            self.records_new, self.records_changed = new, changed
+            self.records_new, self.records_changed, self.chunks_embedded = new, changed, chunks
 
     def classified(self, batch_id: str, new: int, changed: int) -> None:
         """A batch about to be embedded holds this many new and changed records."""
@@ -99,6 +101,7 @@ class RunTally:
                 records_changed=self.records_changed + sum(changed for _, changed in pending_new),
                 records_unchanged=self.records_unchanged,
                 records_deleted=self.records_deleted,
+                chunks_embedded=self.chunks_embedded + sum(_chunks(o) for o in succeeded),
             )
 
     def commit(self, outcomes: Iterable[BatchOutcome]) -> None:
@@ -110,15 +113,20 @@ class RunTally:
                 if o.state == "succeeded":
                     self.batches_succeeded += 1
                     self.records_embedded += len(o.records)
+                    self.chunks_embedded += _chunks(o)
                     self.records_new += new
                     self.records_changed += changed
                 else:
                     self.batches_failed += 1
                     self.records_failed += len(o.records)
         for o in outcomes:
-            log_event(log, "batch_written", batch=o.batch_id, state=o.state, records=len(o.records),
+            log_event(log, "batch_written", batch=o.batch_id, state=o.state, records=len(o.records), chunks=_chunks(o),
                       truncated=len(o.truncated), worker=o.worker, attempt=o.attempts[-1].attempt,
                       latency_s=round(o.duration_s or 0.0, 3))
+
+
+def _chunks(outcome: BatchOutcome) -> int:
+    return len(chunk_owners(outcome.records))
 
 
 @dataclass
