@@ -41,7 +41,7 @@ CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "pep-p
 def load(sink: PostgresSink, run_id: str, batches: list[BatchOutcome]) -> float:
     started = time.perf_counter()
     for start in range(0, len(batches), GROUP_BATCHES):
-        sink.write(run_id, batches[start:start + GROUP_BATCHES], [], {})
+        sink.write(run_id, batches[start:start + GROUP_BATCHES], [])
     return time.perf_counter() - started
 
 
@@ -88,7 +88,7 @@ def recall(texts: int, queries: int, ef_searches: list[int]) -> str:
             sink.write(run_id, [BatchOutcome(f"b{s}", "succeeded", records[s:s + 64],
                                              [AttemptRow(1, "bench", "succeeded", None, now())], now(),
                                              vectors=stored[s:s + 64], worker="bench")
-                                for s in range(0, texts, 64)], [], {})
+                                for s in range(0, texts, 64)], [])
             ensure_index(sink.engine, sink.table, vector_type, INNER_PRODUCT, HNSW)
             position = {r.id: r.position for r in records}
             for ef in ef_searches:

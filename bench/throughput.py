@@ -97,7 +97,7 @@ def ray_data(records: list[dict], batch_size: int, cpus: int) -> tuple[float, fl
 
 def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Path, model: dict | None = None,
                     max_in_flight: int = 4, max_tokens: int | None = None,
-                    workers: dict | None = None) -> tuple[float, float]:
+                    workers: dict | None = None, writers: int = 0) -> tuple[float, float]:
     import pgserver
 
     from embedjob_worker.config import JobConfig
@@ -115,7 +115,7 @@ def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Pa
                 "batching": {"batchSize": batch_size, "maxInFlight": max_in_flight, "sortWindow": 4096,
                              **({"maxTokens": max_tokens} if max_tokens else {})},
                 "workers": workers or {"replicas": 1, "cpusPerActor": cpus},
-                "sink": {"databaseSecretRef": {"name": "db"}, "collection": "bench"},
+                "sink": {"databaseSecretRef": {"name": "db"}, "collection": "bench", "writers": writers},
             },
         })
         summary = run_job(config, server.get_uri())

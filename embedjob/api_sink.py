@@ -135,6 +135,13 @@ class Sink(ApiModel):
         description="Column type of the vectors: vector (32-bit floats) or halfvec (16-bit floats, half the "
         "bytes per row). A table keeps the type it was created with; a job of the other type is refused.",
     )
+    writers: int = Field(
+        0, ge=0, le=64, strict=True,  # as the CRD: 2, not "2" or true
+        description="Writer actors (0-64) that write finished batches, each on its own database connection, in the "
+        "same one-transaction-per-group form: a batch's vectors go from its EmbeddingWorker through Ray's object "
+        "store to a writer, never through the driver. 0: one writer thread in the driver (docs/driver.md). Writer "
+        "actors ask Ray for no CPU.",
+    )
     index: VectorIndex | None = Field(
         None,
         description="Vector index built on the table after a successful run when missing (docs/vector-index.md); "

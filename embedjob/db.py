@@ -86,6 +86,9 @@ runs = sa.Table(
     sa.Column("chunks_embedded", sa.BigInteger, nullable=False, server_default="0"),  # migration 0009
     sa.Column("reason", sa.String(64)),  # CamelCase, e.g. TooManyFailedBatches; set when failed
     sa.Column("error", sa.Text),
+    # The driver session that owns the run (migration 0010): set by each start or resume; a group
+    # write of another session (a dead driver's writer actor) updates no row and rolls back.
+    sa.Column("driver_session", sa.String(36)),
     _ts("started_at", nullable=False, server_default=sa.func.now()),
     _ts("heartbeat_at", nullable=False, server_default=sa.func.now()),
     _ts("finished_at"),

@@ -1,7 +1,7 @@
 """spec.chunking end to end: long PEP documents become chunk vectors equal to a direct encode of each chunk, with
 their offsets; a document that shrinks keeps exactly its new chunks; a crash resumes without duplicates or orphans;
-search points into the document; a vectors table from before chunking is upgraded by its owner, refused otherwise
-(real Ray, the real model, real PostgreSQL)."""
+search points into the document; writer actors (spec.sink.writers) write and drop the same chunk rows; a vectors
+table from before chunking is upgraded by its owner, refused otherwise (real Ray, the real model, real PostgreSQL)."""
 
 import json
 
@@ -74,6 +74,21 @@ def check_chunk_rows(by_record: dict, docs: list[dict], chunker: Chunker) -> int
     return sum(len(rows) for rows in by_record.values())
 
 
+def five_chunk_document(docs: list[dict], chunker: Chunker) -> dict:
+    """A document of `docs` cut (in place) to exactly 5 chunks."""
+    long = next(d for d in docs if len(chunker([d["text"]])[0]) >= 5)
+    while len(chunker([long["text"]])[0]) > 5:
+        long["text"] = long["text"].rsplit("\n\n", 1)[0] if "\n\n" in long["text"] else long["text"][:-200]
+    assert len(chunker([long["text"]])[0]) == 5 or pytest.skip("no 5-chunk document in this stretch")
+    return long
+
+
+def shrink_to_two_chunks(doc: dict, chunker: Chunker) -> None:
+    spans = chunker([doc["text"]])[0]
+    doc["text"] = doc["text"][:spans[1].end - 1]  # ends inside chunk 1: two chunks
+    assert len(chunker([doc["text"]])[0]) == 2
+
+
 def test_long_documents_become_chunk_vectors_equal_to_a_direct_encode(ray_address, database_url, tmp_path,
                                                                       model_and_chunker):
     resolved, model, chunker = model_and_chunker
@@ -129,11 +144,8 @@ def test_a_document_that_shrinks_from_5_chunks_to_2_leaves_exactly_2(ray_address
                                                                      model_and_chunker):
     _, _, chunker = model_and_chunker
     docs = documents(12, start=2000, paragraphs=5)
-    long_id = next(d["id"] for d in docs if len(chunker([d["text"]])[0]) >= 5)
-    long = next(d for d in docs if d["id"] == long_id)
-    while len(chunker([long["text"]])[0]) > 5:  # exactly 5 chunks
-        long["text"] = long["text"].rsplit("\n\n", 1)[0] if "\n\n" in long["text"] else long["text"][:-200]
-    assert len(chunker([long["text"]])[0]) == 5 or pytest.skip("no 5-chunk document in this stretch")
+    long = five_chunk_document(docs, chunker)
+    long_id = long["id"]
     source = write_docs(tmp_path / "docs.jsonl", docs)
     spec = chunked_manifest(source, "shrink")
     spec["spec"]["sync"] = {"deleteMissing": True}
@@ -141,9 +153,7 @@ def test_a_document_that_shrinks_from_5_chunks_to_2_leaves_exactly_2(ray_address
     before = stored(database_url)
     assert len(before[long_id]) == 5
 
-    spans = chunker([long["text"]])[0]
-    long["text"] = long["text"][:spans[1].end - 1]  # ends inside chunk 1: two chunks
-    assert len(chunker([long["text"]])[0]) == 2
+    shrink_to_two_chunks(long, chunker)
     gone = docs.pop(-1)
     write_docs(source, docs)
     second = run_job(JobConfig.from_manifest(spec), database_url, DriverOptions(new_run=True))
@@ -156,6 +166,43 @@ def test_a_document_that_shrinks_from_5_chunks_to_2_leaves_exactly_2(ray_address
     assert (c.records_changed, c.records_unchanged, c.chunks_embedded) == (1, len(docs) - 1, 2)
     assert {k: v for k, v in after.items() if k != long_id} == {k: v for k, v in before.items()
                                                                 if k not in (long_id, gone["id"])}
+
+
+def test_a_chunked_job_with_writer_actors_writes_each_chunk_once_and_drops_stale_chunks(
+        ray_address, database_url, tmp_path, model_and_chunker):
+    """spec.sink.writers: 2 with spec.chunking: the writer actors write the chunk rows and drop a shrunk
+    document's stale chunks in their own group transactions."""
+    _, model, chunker = model_and_chunker
+    docs = documents(20, start=5000, paragraphs=5)
+    long = five_chunk_document(docs, chunker)
+    source = write_docs(tmp_path / "docs.jsonl", docs)
+    spec = chunked_manifest(source, "chunk-writers", batch_size=4)
+    spec["spec"]["sink"]["writers"] = 2
+    first = run_job(JobConfig.from_manifest(spec), database_url)
+    assert first.state == "succeeded", first.error
+    assert len(first.writers) == 2 and sum(first.writers.values()) == first.counters.batches_succeeded > 1
+    by_record = stored(database_url)
+    rows = check_chunk_rows(by_record, docs, chunker)
+    assert len(by_record[long["id"]]) == 5
+    assert query(database_url, "SELECT count(*), count(DISTINCT (record_id, chunk)) FROM embeddings")[0] == (rows, rows)
+    assert (first.counters.records_embedded, first.counters.chunks_embedded) == (len(docs), rows)
+    assert query(database_url, "SELECT records_embedded, chunks_embedded FROM embedjob_runs") == [(len(docs), rows)]
+    texts = [r[4] for record in by_record.values() for r in record]
+    written = np.array([json.loads(r[5]) for record in by_record.values() for r in record], dtype=np.float32)
+    np.testing.assert_allclose(written, model.encode(texts, batch_size=16, normalize_embeddings=True,
+                                                     convert_to_numpy=True), atol=1e-5)
+
+    shrink_to_two_chunks(long, chunker)
+    write_docs(source, docs)
+    second = run_job(JobConfig.from_manifest(spec), database_url, DriverOptions(new_run=True))
+    assert second.state == "succeeded", second.error
+    after = stored(database_url)
+    assert [r[1] for r in after[long["id"]]] == [0, 1]  # the writer's transaction dropped chunks 2, 3 and 4
+    check_chunk_rows(after, docs, chunker)
+    c = second.counters
+    assert (c.records_changed, c.records_unchanged, c.chunks_embedded) == (1, len(docs) - 1, 2)
+    assert {k: v for k, v in after.items() if k != long["id"]} == {k: v for k, v in by_record.items()
+                                                                   if k != long["id"]}
 
 
 def test_a_crashed_chunking_run_resumes_without_duplicates_or_orphans(ray_address, database_url, tmp_path,

@@ -12,12 +12,14 @@ from embedjob_worker.run import DriverOptions, run_job
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.parametrize("writers", [0, 2])  # the driver's writer thread, writer actors
 def test_a_changed_file_run_anew_embeds_only_what_changed_and_deletes_what_is_gone(ray_address, database_url,
-                                                                                    tmp_path):
+                                                                                    tmp_path, writers):
     lines = corpus_lines(3500, 200)
     source = write_input(tmp_path / "in.jsonl", lines)
     spec = manifest(source, "filesync")
     spec["spec"]["sync"] = {"deleteMissing": True}
+    spec["spec"]["sink"]["writers"] = writers
     first = run_job(JobConfig.from_manifest(spec), database_url)
     assert first.state == "succeeded", first.error
     assert first.counters.records_new == 200

@@ -46,6 +46,7 @@ def test_jobs_with_the_same_model_share_one_pool_and_another_revision_gets_its_o
     source = sample_input(tmp_path, 40)
     first, second = shared_job("first", str(uuid.uuid4()), source, PACKAGED_MODEL), \
         shared_job("second", str(uuid.uuid4()), source, PACKAGED_MODEL)
+    first["spec"]["sink"]["writers"] = 2  # its writes go through writer actors, next to the pool's actor
     # Started together: both get-or-create the same detached actor.
     drivers = [token_ray.driver(job, database_url, tmp_path / f"{job['metadata']['name']}.log")
                for job in (first, second)]

@@ -26,6 +26,6 @@ def test_the_database_decides_duplicates_like_memory_and_a_resume_gets_the_same_
     assert query(database_url, "SELECT count(*) FROM embedjob_seen_ids")[0][0] == 2500 - 3
     # A resumed session reads the same input again: the ids stored by the first one change nothing.
     assert list(classify_records(records, SeenIds(sink.engine, run.run_id))) == in_memory
-    sink.finish_run(run.run_id, "succeeded", None, None, {})
+    sink.finish_run(run.run_id, "succeeded", None, None)
     assert query(database_url, "SELECT count(*) FROM embedjob_seen_ids")[0][0] == 0
     sink.close()

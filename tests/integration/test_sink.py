@@ -31,8 +31,7 @@ def test_batches_are_written_with_their_marks_and_rewrites_change_nothing(databa
     sink = make_sink(database_url)
     run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
     first = outcome("b1", {"a": "alpha", "b": "beta"})
-    sink.write(run.run_id, [first, outcome("b2", {"c": "gamma"})],
-               [BadRecord(7, "x", BadReason.null_text)], {"records_embedded": 3})
+    sink.write(run.run_id, [first, outcome("b2", {"c": "gamma"})], [BadRecord(7, "x", BadReason.null_text)])
     vectors = query(database_url, "SELECT record_id, embedding::text, updated_at FROM vectors ORDER BY record_id")
     assert [r.record_id for r in vectors] == ["a", "b", "c"]
     # The binary COPY carried the exact float32 values.
@@ -41,14 +40,42 @@ def test_batches_are_written_with_their_marks_and_rewrites_change_nothing(databa
         ("b1", "succeeded", 2), ("b2", "succeeded", 1)]
     assert query(database_url, "SELECT reason FROM embedjob_record_errors") == [("null_text",)]
 
-    # A retry or re-run of the same batch: no new rows, unchanged rows keep updated_at.
-    sink.write(run.run_id, [outcome("b1", {"a": "alpha", "b": "beta CHANGED"}, seed=1)], [], {})
+    assert query(database_url, "SELECT records_embedded, batches_succeeded FROM embedjob_runs") == [(3, 2)]
+
+    # A re-run of the same batch (the run resumed: its counters start afresh): no new rows, unchanged rows
+    # keep updated_at.
+    sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
+    sink.write(run.run_id, [outcome("b1", {"a": "alpha", "b": "beta CHANGED"}, seed=1)], [])
     again = query(database_url, "SELECT record_id, updated_at FROM vectors ORDER BY record_id")
     assert len(again) == 3
     assert again[0].updated_at == vectors[0].updated_at  # "a": same text, not rewritten
     assert again[1].updated_at > vectors[1].updated_at  # "b": text changed, rewritten
     assert query(database_url, "SELECT count(*) FROM embedjob_batch_attempts WHERE batch_id = 'b1'") == [(2,)]
-    assert query(database_url, "SELECT records_embedded FROM embedjob_runs") == [(3,)]
+    assert query(database_url, "SELECT records_embedded FROM embedjob_runs") == [(2,)]
+    sink.close()
+
+
+def test_an_outcome_sent_twice_is_written_once_and_another_session_writes_nothing(database_url):
+    """A group sent again after its writer actor was lost (its commit may have landed), and a
+    writer of a driver whose run another driver resumed since."""
+    sink = make_sink(database_url)
+    run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
+    sent = outcome("b1", {"a": "alpha", "b": "beta"})
+    assert [o.batch_id for o in sink.write(run.run_id, [sent], [])] == ["b1"]
+    assert sink.write(run.run_id, [sent, outcome("b2", {"c": "gamma"})], []) != []
+    assert query(database_url, "SELECT batch_id, count(*) FROM embedjob_batch_attempts GROUP BY 1 ORDER BY 1") == [
+        ("b1", 1), ("b2", 1)]
+    assert query(database_url, "SELECT batches_succeeded, records_embedded FROM embedjob_runs") == [(2, 3)]
+
+    stale = PostgresSink(database_url, sink.job_key, "c1", "vectors", content_salt(True, None))
+    stale.model, stale.revision, stale.session = sink.model, sink.revision, sink.session
+    sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)  # another driver resumes
+    with pytest.raises(JobFailed) as superseded:
+        stale.write(run.run_id, [outcome("b3", {"d": "delta"})], [])
+    assert superseded.value.reason == "DriverSuperseded"
+    assert query(database_url, "SELECT count(*) FROM embedjob_batches WHERE batch_id = 'b3'") == [(0,)]
+    assert query(database_url, "SELECT count(*) FROM vectors WHERE record_id = 'd'") == [(0,)]
+    stale.close()
     sink.close()
 
 
@@ -58,7 +85,7 @@ def test_a_failing_group_writes_neither_vectors_nor_marks(database_url):
     bad = outcome("b2", {"c": "gamma"})
     bad.vectors = np.zeros((1, DIM + 1), dtype=np.float32)  # wrong width: the merge fails
     with pytest.raises(psycopg.errors.DataException):
-        sink.write(run.run_id, [outcome("b1", {"a": "alpha"}), bad], [], {})
+        sink.write(run.run_id, [outcome("b1", {"a": "alpha"}), bad], [])
     assert query(database_url, "SELECT count(*) FROM vectors") == [(0,)]
     assert query(database_url, "SELECT count(*) FROM embedjob_batches") == [(0,)]
     sink.close()
@@ -68,8 +95,8 @@ def test_runs_resume_refuse_a_changed_input_and_start_anew_when_told(database_ur
     sink = make_sink(database_url)
     first = sink.start_run("sinktest", "default", "m", "r1", "in-1", "cfg", new_run=False)
     assert not first.resumed
-    assert sink.start_run("sinktest", "default", "m", "r1", "in-1", "cfg", new_run=False) == \
-        type(first)(first.run_id, resumed=True)
+    again = sink.start_run("sinktest", "default", "m", "r1", "in-1", "cfg", new_run=False)
+    assert (again.run_id, again.resumed) == (first.run_id, True) and again.session != first.session
     with pytest.raises(JobFailed, match="input changed") as refused:
         sink.start_run("sinktest", "default", "m", "r1", "in-2", "cfg", new_run=False)
     assert refused.value.reason == "InputChanged"

@@ -43,7 +43,7 @@ def test_every_record_is_stored_once_or_has_one_error_row(database_url, items, f
             outcome = feed(path, fmt, batch_size, sort_window, SeenIds(sink.engine, run.run_id))
         check_outcome(items if fmt == "jsonl" else csv_records(items), outcome, batch_size)
         rng = np.random.default_rng(0)
-        sink.write(run.run_id, [succeeded(batch, rng) for batch in outcome.batches], outcome.bad, {})
+        sink.write(run.run_id, [succeeded(batch, rng) for batch in outcome.batches], outcome.bad)
     finally:
         sink.close()
 

@@ -32,7 +32,7 @@ def loaded_sink(url: str, vectors: np.ndarray, vector_type: str, table: str = "v
     sink.write(run.run_id, [
         BatchOutcome(f"b{start}", "succeeded", records[start:start + step], [AttemptRow(1, "w", "succeeded", None, now())],
                      now(), vectors=vectors[start:start + step], worker="w") for start in range(0, len(vectors), step)],
-        [], {})
+        [])
     return sink
 
 
@@ -145,7 +145,7 @@ def test_halfvec_refuses_a_component_beyond_its_range(database_url):
     huge = BatchOutcome("big", "succeeded", (Record(0, "big-one", "x"),), [AttemptRow(1, "w", "succeeded", None, now())],
                         now(), vectors=np.full((1, 8), 1e6, dtype=np.float32), worker="w")
     with pytest.raises(JobFailed, match=r"record 'big-one' \(batch big\).*halfvec's range"):
-        sink.write(run.run_id, [huge], [], {})
+        sink.write(run.run_id, [huge], [])
     # Through the writer thread, as the driver writes: the run fails with this reason, not InternalError.
     writer = SinkWriter(sink, run.run_id, RunTally())
     writer.put_outcome(huge)

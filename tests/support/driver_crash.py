@@ -33,10 +33,18 @@ def dispatched_batches(driver_log: str) -> set[str]:
     return set(re.findall(r"event=batch_dispatched batch=(\w+)", driver_log))
 
 
+def other_sessions(url: str) -> int:
+    """Client sessions on the test database other than this query's."""
+    return query(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                      " AND backend_type = 'client backend' AND pid <> pg_backend_pid()")[0][0]
+
+
 def kill_driver_after(spec: dict, database_url: str, ray_address: str, log_path: Path, batches: int,
                       timeout: float = 180) -> tuple[set[str], set[str]]:
     """Run `python -m embedjob_worker.driver` on `ray_address`, SIGKILL it once `batches` batches
-    succeeded; the ids of the batches committed and of those it had dispatched (from its log)."""
+    succeeded; the ids of the batches committed and of those it had dispatched (from its log), read once
+    every session of the driver has left the database (its writer actors, spec.sink.writers, are
+    killed by Ray after it: until then one may still commit a group)."""
     env = {**os.environ, "EMBEDJOB_DATABASE_URL": database_url, "HF_HUB_OFFLINE": "1"}
     with log_path.open("w") as log:
         process = subprocess.Popen(
@@ -50,4 +58,7 @@ def kill_driver_after(spec: dict, database_url: str, ray_address: str, log_path:
             process.send_signal(signal.SIGKILL)
             process.wait()
     assert process.returncode == -signal.SIGKILL, log_path.read_text()[-2000:]
+    # Ray kills a dead driver's actors once it notices the death: seconds idle, over a minute seen under load.
+    wait_until("the killed driver's database sessions to end", lambda: other_sessions(database_url) == 0,
+               timeout=240)
     return committed_batches(database_url), dispatched_batches(log_path.read_text())

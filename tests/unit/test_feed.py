@@ -34,4 +34,4 @@ def test_a_wrong_text_field_hands_bad_records_over_in_bounded_groups_while_readi
     assert list(batches) == []
     # Handed over while the input was still being read, never more than a group at a time.
     assert groups == [(BAD_RECORDS_GROUP, None), (BAD_RECORDS_GROUP, None), (500, None)]
-    assert (tally.records_total, tally.records_failed) == (records, records)
+    assert (tally.records_total, tally.counters().records_failed) == (records, records)

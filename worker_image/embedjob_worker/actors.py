@@ -81,6 +81,14 @@ class EmbeddingWorker:
             "oom_splits": splits,
         }
 
+    def embed_apart(self, batch_id: str, texts: list[str], pass_size: int | None = None
+                    ) -> tuple[dict[str, Any], np.ndarray]:
+        """`embed`, with the vectors as a second return value (called with num_returns=2): the driver
+        gets the first and hands the ObjectRef of the second to a writer actor (spec.sink.writers)."""
+        result = self.embed(batch_id, texts, pass_size)
+        vectors = result.pop("vectors")
+        return result, vectors
+
     def _encode(self, texts: list[str], pass_size: int) -> tuple[np.ndarray, int]:
         """Encode in forward passes of `pass_size` texts; on out-of-memory, encode the halves (recursively)."""
         import torch

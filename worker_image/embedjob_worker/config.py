@@ -82,7 +82,7 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str) -> dict[str, Any]:
     """Every setting that decides which batches exist, what their vectors are and where they
     are written, keyed by its spec path (a refused re-run names the ones that changed).
 
-    Replicas, CPUs, maxInFlight and retry settings are left out: changing them neither
+    Replicas, CPUs, maxInFlight, sink.writers and retry settings are left out: changing them neither
     changes a batch nor a vector nor where it goes, so a resumed job may use different ones.
     batching.maxTokens and chunking are only present when set, so runs from before they existed keep their
     fingerprint.

@@ -4,7 +4,9 @@ One object, the Dispatcher, owns the attempts in flight (matched back by the bat
 their result carries, in completion order), the retry heap and the retry policy; the
 actors themselves are an ActorSet (`workers.py`). Finished batches, succeeded or failed
 for good, go to the writer; until it has committed them they count against
-maxInFlight, so a crash loses at most maxInFlight batches.
+maxInFlight, so a crash loses at most maxInFlight batches. With writer actors
+(spec.sink.writers) an actor returns a batch's vectors as an object of their own: the
+driver reads the rest of the result and hands the writer the ObjectRef of the vectors.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from .inflight import InFlightBatches
 from .logs import log_event
 from .metrics import DriverMetrics
 from .model import ResolvedModel
+from .outcome import AttemptRow, BatchOutcome, now
 from .records import BadReason, BadRecord, chunk_owners
-from .sink import HEARTBEAT_S, AttemptRow, BatchOutcome, now
+from .sink import HEARTBEAT_S
 from .tally import RunSummary
 from .workers import ActorSet, check_model
-from .writer import SinkWriter
+from .writer import BatchWriter
 
 log = logging.getLogger("embedjob_worker.dispatch")
 
@@ -58,6 +61,7 @@ class Attempt:
     worker: str | None = None  # the actor's name, for the attempt row when it died
     started_at: datetime | None = None
     submitted: float = 0.0
+    vectors: ray.ObjectRef | None = None  # the result's vectors, returned apart (spec.sink.writers)
 
 
 class Dispatcher:
@@ -81,8 +85,9 @@ class Dispatcher:
         self._refs: dict[ray.ObjectRef, str] = {}
         self._retries: list[tuple[float, int, Attempt]] = []  # heap of (not before, tie-breaker, attempt)
         self._tie = itertools.count()
+        self._vectors_apart = spec.sink.writers > 0
 
-    def run(self, batches: Iterator[Batch], writer: SinkWriter, report: Callable[[], None]) -> None:
+    def run(self, batches: Iterator[Batch], writer: BatchWriter, report: Callable[[], None]) -> None:
         """Embed every batch (and hand it to `writer`); `report` after each result or wait."""
         max_in_flight = self.spec.batching.max_in_flight
         source_done = False
@@ -154,9 +159,12 @@ class Dispatcher:
         attempt.worker = actors.actor_name(attempt.slot)
         attempt.started_at, attempt.submitted = now(), time.monotonic()
         actors.outstanding[attempt.slot] += 1
-        batching = self.spec.batching
-        ref = attempt.actor.embed.remote(attempt.batch.batch_id, attempt.batch.texts,
-                                         attempt.batch.encode_batch_size(batching.batch_size, batching.max_tokens))
+        batching, batch = self.spec.batching, attempt.batch
+        args = (batch.batch_id, batch.texts, batch.encode_batch_size(batching.batch_size, batching.max_tokens))
+        if self._vectors_apart:
+            ref, attempt.vectors = attempt.actor.embed_apart.options(num_returns=2).remote(*args)
+        else:
+            ref = attempt.actor.embed.remote(*args)
         self._in_flight.add(attempt.batch.batch_id, attempt)
         self._refs[ref] = attempt.batch.batch_id
         log_event(log, "batch_dispatched", batch=attempt.batch.batch_id, attempt=attempt.number,
@@ -209,8 +217,9 @@ class Dispatcher:
         self.metrics.records.labels("embedded").inc(len(batch.records))
         self.metrics.records.labels("truncated").inc(len(truncated))
         self.metrics.batches.labels("succeeded").inc()
+        vectors = attempt.vectors if self._vectors_apart else result["vectors"]
         return BatchOutcome(batch.batch_id, "succeeded", batch.records, history, attempt.first_started_at,
-                            vectors=result["vectors"], worker=worker, truncated=truncated,
+                            vectors=vectors, worker=worker, truncated=truncated,
                             duration_s=(now() - attempt.first_started_at).total_seconds())
 
     def _failed_attempt(self, attempt: Attempt, reason: str, message: str, retryable: bool) -> BatchOutcome | None:

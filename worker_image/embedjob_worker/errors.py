@@ -58,6 +58,9 @@ class JobFailed(Exception):
         self.reason = reason
         super().__init__(message)
 
+    def __reduce__(self):  # raised in a writer actor, it reaches the driver through pickle with its reason
+        return type(self), (self.reason, str(self))
+
 
 class Unreachable(Exception):
     """PostgreSQL (or, as RayUnreachable, Ray) cannot be reached; the run row may not be writable."""

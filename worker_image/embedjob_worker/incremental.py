@@ -135,15 +135,6 @@ def latest_run_succeeded(engine: sa.Engine, job_key: str) -> bool:
     return state == "succeeded"
 
 
-def resumed_counts(engine: sa.Engine, run_id: str) -> tuple[int, int, int]:
-    """The new and changed records, and the chunks embedded, run `run_id` committed before it was resumed."""
-    runs = db.runs
-    with engine.connect() as conn:
-        row = conn.execute(sa.select(runs.c.records_new, runs.c.records_changed, runs.c.chunks_embedded)
-                           .where(runs.c.run_id == run_id)).one()
-    return row.records_new, row.records_changed, row.chunks_embedded
-
-
 def forget_seen_ids(engine: sa.Engine, run_id: str) -> None:
     """A resumed table run claims its ids afresh: rows inserted or deleted since its last session
     moved the positions, and an id's old, lower position would make its row a duplicate."""

@@ -32,7 +32,7 @@ from .dispatch import Dispatcher
 from .errors import DB_ERRORS, JobFailed, Unreachable, retry_database, too_many_failed_batches
 from .feed import batches_to_embed
 from .incremental import (
-    IncrementalFeed, StoredHashes, delete_missing, forget_seen_ids, latest_run_succeeded, resumed_counts, run_batch_ids,
+    IncrementalFeed, StoredHashes, delete_missing, forget_seen_ids, latest_run_succeeded, run_batch_ids,
 )
 from .lease import PoolLease
 from .logs import log_event
@@ -49,7 +49,8 @@ from .tokens import chunker_for, load_tokenizer, model_token_limit, token_budget
 from .vector_index import check_indexable, ensure_index, metric_for
 from .vectors_table import upgrade_vectors_table
 from .workers import ActorSet, check_model
-from .writer import SinkWriter
+from .writer import BatchWriter, SinkWriter
+from .writer_pool import WriterPool
 
 log = logging.getLogger("embedjob_worker.run")
 
@@ -178,7 +179,7 @@ class JobRun:
         spec, run_id = self.spec, start.run_id
         run_batches = run_batch_ids(self.sink.engine, self.config.job_key, run_id) if start.resumed else set()
         if start.resumed:
-            self.tally.resumed(*resumed_counts(self.sink.engine, run_id))
+            self.tally.resumed(start.records_new, start.records_changed, start.chunks_embedded)
             if spec.source.table:
                 forget_seen_ids(self.sink.engine, run_id)
         # Batches are skipped by id only within the run (a new run's vectors may have been deleted
@@ -199,14 +200,16 @@ class JobRun:
                 # No actor starts (nor model loads) before a batch needs one: an unchanged re-run starts none.
                 first = next(batches, None)
                 failure = (self._outcome_failure(0) if first is None else
-                           self._dispatch(resolved, itertools.chain([first], batches), writer, len(done_before)))
+                           self._dispatch(resolved, itertools.chain([first], batches), writer, len(done_before),
+                                          run_id))
             except JobFailed as exc:
                 failure = exc
         return writer.failure() or failure
 
     def _dispatch(self, resolved: ResolvedModel, batches: Iterator[Batch], writer: SinkWriter,
-                  skipping: int) -> JobFailed | None:
-        """Start the actors (on a leased shared pool if the job has one) and run every batch through them."""
+                  skipping: int, run_id: str) -> JobFailed | None:
+        """Start the actors (on a leased shared pool if the job has one) and run every batch through them,
+        written by `writer` or, with spec.sink.writers, by writer actors."""
         spec = self.spec
         cluster = shared_cluster(self.config)
         shared_pool = pool_name(resolved, spec.workers.cpus_per_actor, spec.workers.gpus_per_actor) if cluster else None
@@ -218,9 +221,17 @@ class JobRun:
                 cleanup.callback(lease.release)
             actors = ActorSet(self.config, resolved, self.options.fault_injection, lease)
             cleanup.callback(actors.shutdown)
+            results: BatchWriter = writer
+            if spec.sink.writers:  # started while the actors load the model
+                results = writers = WriterPool(spec.sink.writers, self.sink, run_id, self.tally, writer,
+                                               spec.retry.attempts_per_batch)
+                cleanup.callback(writers.close)  # drained before the actors and the lease go
             dispatcher = self._dispatcher(actors, resolved, skipping)
-            dispatcher.run(batches, writer, self._report)
-            return dispatcher.failure or self._outcome_failure(dispatcher.failed_batches)
+            dispatcher.run(batches, results, self._report)
+            cleanup.close()  # every group written (or writing failed): only then is the outcome known
+            if spec.sink.writers:
+                self.summary.writers = writers.committed_by
+            return dispatcher.failure or results.failure() or self._outcome_failure(dispatcher.failed_batches)
 
     def _build_index(self) -> JobFailed | None:
         """After a successful load: the HNSW index spec.sink.index asks for, unless the table has it already."""
@@ -276,20 +287,25 @@ class JobRun:
 
     def _finish(self, run_id: str, failure: JobFailed | None) -> None:
         built = self.summary.index
-        counters = self.tally.counters().model_copy(
-            update={"index_build_seconds": round(built.seconds, 3) if built and built.built else None})
+        update = self.tally.driver_update()
+        update.set["index_build_seconds"] = round(built.seconds, 3) if built and built.built else None
         state = "failed" if failure else "succeeded"
-        self.summary.state, self.summary.counters = state, counters
+        self.summary.state = state
         self.summary.batches_skipped = self.tally.batches_skipped
         self.summary.records_truncated += self.tally.truncated_skipped  # the run's, not only this session's
         self.summary.reason = failure.reason if failure else None
         self.summary.error = str(failure) if failure else None
         self.summary.elapsed_seconds = time.monotonic() - self.started
         try:
-            retry_database(lambda: self.sink.finish_run(run_id, state, self.summary.reason, self.summary.error,
-                                                        counters.model_dump()), "finish_run")
+            row = retry_database(lambda: self.sink.finish_run(run_id, state, self.summary.reason, self.summary.error,
+                                                              update), "finish_run")
         except DB_ERRORS as exc:
             raise Unreachable(f"cannot record the run's end in the database: {exc}") from None
+        except JobFailed as superseded:  # another driver resumed the run: the row is its now
+            log_event(log, "run_superseded", logging.ERROR, run=run_id, error=str(superseded))
+            row = self.tally.counters().model_dump() | update.set
+        # The row's counters, which every writer's commits added to.
+        self.summary.counters = counters = RunCounters(**{name: row[name] for name in RunCounters.model_fields})
         log_event(log, "run_finished", logging.ERROR if failure else logging.INFO, run=run_id, state=state,
                   reason=self.summary.reason, error=self.summary.error, **counters.model_dump())
         self._report()

@@ -1,33 +1,37 @@
 """The PostgreSQL sink: vectors (pgvector), batches, attempts, record errors, runs.
 
-A group of finished batches is written in one transaction: their vectors by binary
-COPY into a temp staging table and one merge into the vectors table, and their batch
-rows (the `succeeded` marks), attempt rows, record errors and the run's counters. A
-crash therefore loses whole batches, never half of one, and a re-run rewrites nothing
-that is unchanged (the merge skips rows whose content hash is the same).
+A group of finished batches is written in one transaction: their batch rows (the
+`succeeded` marks), their vectors by binary COPY into a temp staging table and one merge
+into the vectors table, attempt rows, record errors and what they add to the run's
+counters. A crash therefore loses whole batches, never half of one, and a re-run rewrites
+nothing that is unchanged (the merge skips rows whose content hash is the same).
+
+Several writers may commit groups of one run at once (spec.sink.writers), so a group adds
+its counts to the run row (`n = n + k`) instead of setting them, and commits only while
+the run row still names the driver session that wrote the group (`driver_session`): a
+dead driver's writer cannot commit into the session that resumed the run.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import struct
 import time
 import uuid
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
 
-import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from embedjob import db
-from embedjob.api import Chunking
 
 from .config import identity_changes
+from .copy_data import content_hash, content_salt, copy_payload  # noqa: F401 - content_*: imported from here too
 from .errors import JobFailed
 from .logs import log_event
-from .records import BadRecord, Record, chunk_owners
+# AttemptRow, BatchOutcome, now: imported from here too
+from .outcome import (ADDED_COUNTERS, KEPT_ON_RESUME, AttemptRow, BatchOutcome, CounterUpdate,  # noqa: F401
+                      group_counts, now)
+from .records import BadRecord
 from .snapshot import describe_input
 from .vectors_table import ensure_vectors_table
 
@@ -62,42 +66,6 @@ _JOB_LOCK_POLL_S = 1.0
 # A live driver refreshes heartbeat_at (its run row, its pool lease) at least this often.
 HEARTBEAT_S = 5.0
 
-_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
-_COPY_TRAILER = struct.pack(">h", -1)
-_HASH_FIELD = struct.pack(">i", 64)  # hex sha256
-# pgvector's binary input of each type: int16 dimensions, int16 unused, then big-endian floats of this dtype.
-_BINARY_DTYPES = {"vector": np.dtype(">f4"), "halfvec": np.dtype(">f2")}
-
-
-def now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-@dataclass
-class AttemptRow:
-    attempt: int
-    worker: str | None
-    outcome: str  # succeeded | retry | split | failed
-    reason: str | None
-    started_at: datetime | None
-    finished_at: datetime = field(default_factory=now)
-
-
-@dataclass
-class BatchOutcome:
-    """A batch's final result in this run, ready to be written."""
-
-    batch_id: str
-    state: str  # succeeded | failed
-    records: tuple[Record, ...]
-    attempts: list[AttemptRow]
-    started_at: datetime
-    vectors: np.ndarray | None = None
-    worker: str | None = None
-    error: str | None = None
-    truncated: list[BadRecord] = field(default_factory=list)
-    duration_s: float | None = None
-
 
 # Runs that ended before embedding anything; a later start compares against the run before them.
 REFUSED_START_REASONS = ("InputChanged", "ModelUnavailable", "SourceUnavailable", "ChunkingUnsupported")
@@ -115,46 +83,17 @@ class DoneBatch:
 class RunStart:
     run_id: str
     resumed: bool
+    session: str = ""  # this driver session (db.runs.c.driver_session)
+    # A resumed run's new and changed records and chunks embedded, as its earlier sessions committed them.
+    records_new: int = 0
+    records_changed: int = 0
+    chunks_embedded: int = 0
 
 
-def content_salt(normalize: bool, max_seq_length: int | None, chunking: Chunking | None = None) -> bytes:
-    """Part of every content hash: settings that change a vector without changing its key (the chunking
-    only when set, so the hashes of vectors written without it stay as they were)."""
-    chunks = "" if chunking is None else f";chunking={chunking.max_tokens}/{chunking.overlap_tokens}"
-    return f"normalize={normalize};max_seq_length={max_seq_length}{chunks}\x00".encode()
-
-
-def content_hash(salt: bytes, text: bytes) -> str:
-    """A vector row's content_hash: sha256 of the salt and the UTF-8 text, hex."""
-    return hashlib.sha256(salt + text).hexdigest()
-
-
-def copy_payload(outcomes: list[BatchOutcome], salt: bytes, vector_type: str = "vector") -> bytes:
-    """PostgreSQL binary COPY data for the staging table (pgvector's binary `vector` or `halfvec` format)."""
-    dtype = _BINARY_DTYPES[vector_type]
-    parts = [_COPY_SIGNATURE]
-    for outcome in outcomes:
-        with np.errstate(over="ignore"):  # beyond float16's range: inf, refused below
-            vectors = np.ascontiguousarray(outcome.vectors, dtype=dtype)
-        if vector_type == "halfvec" and not np.isfinite(vectors).all():
-            record = chunk_owners(outcome.records)[int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])]
-            raise JobFailed("VectorOutOfRange", f"record {record.id!r} (batch {outcome.batch_id}): a component is "
-                                                f"beyond halfvec's range (±65504); use vectorType vector")
-        count, dim = vectors.shape
-        vector_prefix = struct.pack(">ihh", 4 + dtype.itemsize * dim, dim, 0)
-        batch_id = outcome.batch_id.encode()
-        batch_field = struct.pack(">i", len(batch_id)) + batch_id
-        rows = iter(vectors)
-        for record in outcome.records:
-            record_id = record.id.encode()
-            id_field = struct.pack(">hi", 8, len(record_id)) + record_id
-            hash_field = _HASH_FIELD + content_hash(salt, record.text.encode()).encode()  # the record's, on each chunk
-            for number, (span, text) in enumerate(zip(record.chunks, record.chunk_texts())):
-                text = text.encode()
-                parts += (id_field, struct.pack(">iiiiii", 4, number, 4, span.start, 4, span.end), hash_field,
-                          vector_prefix, next(rows).tobytes(), struct.pack(">i", len(text)), text, batch_field)
-    parts.append(_COPY_TRAILER)
-    return b"".join(parts)
+# A resumed run's row counts afresh from here: the session recounts the batches done before as skipped.
+_SESSION_START_COUNTERS = {**{name: 0 for name in ADDED_COUNTERS if name not in KEPT_ON_RESUME},
+                           "records_unchanged": 0, "records_deleted": 0, "texts_per_second": 0.0,
+                           "batches_total": None, "records_total": None}
 
 
 class PostgresSink:
@@ -169,6 +108,7 @@ class PostgresSink:
         self.merge_sql, self.drop_stale_chunks_sql = (sql.format(table=table, vector_type=vector_type)
                                                       for sql in (_MERGE_SQL, _DROP_STALE_CHUNKS_SQL))
         self.model = self.revision = None  # set by start_run
+        self.session: str | None = None  # the driver session that owns the run (start_run); its writes only
         self._job_lock: sa.Connection | None = None  # holds the job's session-level advisory lock
 
     def lock_job(self, wait_s: float) -> None:
@@ -206,6 +146,7 @@ class PostgresSink:
         changed and ending with `how_to_start_anew`."""
         runs = db.runs
         self.model, self.revision = model, revision
+        self.session = str(uuid.uuid4())
         refused = None
         with self.engine.begin() as conn:  # the driver holds the job's lock (lock_job) around this
             latest = conn.execute(
@@ -217,15 +158,19 @@ class PostgresSink:
             ).first()
             if latest is not None and not new_run:
                 if (latest.input_fingerprint, latest.config_fingerprint) == (input_fp, config_fp):
-                    conn.execute(runs.update().where(runs.c.run_id == latest.run_id).values(
-                        state="running", reason=None, error=None, finished_at=None, heartbeat_at=sa.func.now()))
-                    return RunStart(latest.run_id, resumed=True)
+                    # Takes the run from any earlier session at once: a writer of a dead driver that
+                    # commits after this finds another session in the row and rolls back.
+                    resumed = conn.execute(runs.update().where(runs.c.run_id == latest.run_id).values(
+                        state="running", reason=None, error=None, finished_at=None, heartbeat_at=sa.func.now(),
+                        driver_session=self.session, **_SESSION_START_COUNTERS,
+                    ).returning(*(runs.c[name] for name in KEPT_ON_RESUME))).one()
+                    return RunStart(latest.run_id, True, self.session, **resumed._asdict())
                 refused = self._refusal(latest, input_fp, config_fp, identity, input_record, how_to_start_anew)
             run_id = self._insert_run(conn, job_name, namespace, input_fp, config_fp, refused and "InputChanged",
                                       refused, identity, input_record)
         if refused:
             raise JobFailed("InputChanged", refused)
-        return RunStart(run_id, resumed=False)
+        return RunStart(run_id, resumed=False, session=self.session)
 
     @staticmethod
     def _refusal(latest: sa.Row, input_fp: str, config_fp: str, identity: dict | None, input_record: dict | None,
@@ -253,7 +198,7 @@ class PostgresSink:
             run_id=run_id, job_key=self.job_key, job_name=job_name, namespace=namespace,
             collection=self.collection, vectors_table=self.table, model=self.model, revision=self.revision,
             input_fingerprint=input_fp, config_fingerprint=config_fp, identity=identity, input=input_record,
-            state="failed" if reason else "running",
+            state="failed" if reason else "running", driver_session=self.session,
             reason=reason, error=error, finished_at=sa.func.now() if reason else None))
         return run_id
 
@@ -271,10 +216,15 @@ class PostgresSink:
             return {batch_id: DoneBatch(embedded, truncated) for batch_id, embedded, truncated in rows}
 
     def write(self, run_id: str, outcomes: list[BatchOutcome], bad_records: list[BadRecord],
-              counters: dict) -> None:
-        """One transaction: vectors of the succeeded batches, batch marks, attempts, errors, counters."""
-        succeeded = [o for o in outcomes if o.state == "succeeded"]
+              update: CounterUpdate | None = None) -> list[BatchOutcome]:
+        """One transaction: batch marks, vectors of the succeeded batches, attempts, errors, counters; the
+        outcomes written. An outcome whose batch row holds it already (a group sent again after its writer
+        was lost) is left out: its vectors, attempts and counts are in. JobFailed (DriverSuperseded), and
+        nothing written, once another driver session owns the run."""
+        update = update or CounterUpdate()
         with self.engine.begin() as conn:
+            written = self._write_batches(conn, run_id, outcomes) if outcomes else []
+            succeeded = [o for o in written if o.state == "succeeded"]
             if succeeded:
                 with conn.connection.driver_connection.cursor() as cur:
                     cur.execute(self.staging_ddl)
@@ -283,42 +233,64 @@ class PostgresSink:
                     scope = {"collection": self.collection, "model": self.model, "revision": self.revision}
                     cur.execute(self.merge_sql, {**scope, "job_key": self.job_key})
                     cur.execute(self.drop_stale_chunks_sql, scope)
-            if outcomes:
-                self._write_batches(conn, run_id, outcomes)
             errors = bad_records + [bad for o in succeeded for bad in o.truncated]
             if errors:
                 conn.execute(pg_insert(db.record_errors).on_conflict_do_nothing(), [
                     {"run_id": run_id, "position": e.position, "job_key": self.job_key, "record_id": e.record_id,
                      "batch_id": e.batch_id, "reason": e.reason.value, "detail": e.detail} for e in errors])
-            conn.execute(db.runs.update().where(db.runs.c.run_id == run_id)
-                         .values(heartbeat_at=sa.func.now(), **counters))
+            added = group_counts(written)
+            for name, count in update.add.items():
+                added[name] += count
+            self._update_run(conn, run_id, {**{name: db.runs.c[name] + count for name, count in added.items()
+                                               if count}, **update.set})
+        return written
 
-    def _write_batches(self, conn: sa.Connection, run_id: str, outcomes: list[BatchOutcome]) -> None:
+    def _update_run(self, conn: sa.Connection, run_id: str, values: dict) -> sa.Row:
+        """The run row, updated (last in a transaction: its row lock is held only until the commit)."""
+        runs = db.runs
+        row = conn.execute(runs.update().where(runs.c.run_id == run_id, runs.c.driver_session == self.session)
+                           .values(heartbeat_at=sa.func.now(), **values).returning(*runs.c)).first()
+        if row is None:
+            raise JobFailed("DriverSuperseded", f"run {run_id} is owned by another driver session now (a driver that "
+                                                "resumed it): this session writes nothing more")
+        return row
+
+    def _write_batches(self, conn: sa.Connection, run_id: str, outcomes: list[BatchOutcome]) -> list[BatchOutcome]:
         rows = [{
             "job_key": self.job_key, "batch_id": o.batch_id, "run_id": run_id, "state": o.state,
             "attempts": max(a.attempt for a in o.attempts), "records": len(o.records),
             "failed_records": len(o.records) if o.state == "failed" else 0, "error": o.error,
             "worker": o.worker, "started_at": o.started_at, "finished_at": now(), "duration_s": o.duration_s,
         } for o in outcomes]
-        stmt = pg_insert(db.batches)
-        conn.execute(stmt.on_conflict_do_update(
-            index_elements=[db.batches.c.job_key, db.batches.c.batch_id],
+        batches, stmt = db.batches, pg_insert(db.batches)
+        # An outcome is known by its run and its first dispatch: the same one written twice is written once.
+        same_outcome = sa.and_(batches.c.state == "succeeded", batches.c.run_id == stmt.excluded.run_id,
+                               batches.c.started_at == stmt.excluded.started_at)
+        written_ids = set(conn.execute(stmt.on_conflict_do_update(
+            index_elements=[batches.c.job_key, batches.c.batch_id],
             set_={c: stmt.excluded[c] for c in ("run_id", "state", "attempts", "records", "failed_records",
                                                  "error", "worker", "started_at", "finished_at", "duration_s")},
-        ), rows)
-        conn.execute(db.batch_attempts.insert(), [{
-            "job_key": self.job_key, "batch_id": o.batch_id, "run_id": run_id, "attempt": a.attempt,
-            "worker": a.worker, "outcome": a.outcome, "reason": a.reason, "started_at": a.started_at,
-            "finished_at": a.finished_at,
-        } for o in outcomes for a in o.attempts])
+            where=sa.not_(same_outcome),
+        ).returning(batches.c.batch_id), rows).scalars())
+        written = [o for o in outcomes if o.batch_id in written_ids]
+        if written:
+            conn.execute(db.batch_attempts.insert(), [{
+                "job_key": self.job_key, "batch_id": o.batch_id, "run_id": run_id, "attempt": a.attempt,
+                "worker": a.worker, "outcome": a.outcome, "reason": a.reason, "started_at": a.started_at,
+                "finished_at": a.finished_at,
+            } for o in written for a in o.attempts])
+        return written
 
-    def finish_run(self, run_id: str, state: str, reason: str | None, error: str | None, counters: dict) -> None:
-        """The run's end, and its seen ids (seen_ids.SeenIds) go: a resumed run rebuilds them."""
+    def finish_run(self, run_id: str, state: str, reason: str | None, error: str | None,
+                   update: CounterUpdate | None = None) -> dict:
+        """The run's end (its seen ids, seen_ids.SeenIds, go: a resumed run rebuilds them); the run row's counters."""
+        update = update or CounterUpdate()
         with self.engine.begin() as conn:
             conn.execute(db.seen_ids.delete().where(db.seen_ids.c.run_id == run_id))
-            conn.execute(db.runs.update().where(db.runs.c.run_id == run_id).values(
-                state=state, reason=reason, error=error, finished_at=sa.func.now(), heartbeat_at=sa.func.now(),
-                **counters))
+            row = self._update_run(conn, run_id, {
+                **{name: db.runs.c[name] + count for name, count in update.add.items() if count}, **update.set,
+                "state": state, "reason": reason, "error": error, "finished_at": sa.func.now()})
+        return dict(row._mapping)
 
     def close(self) -> None:
         if self._job_lock is not None:

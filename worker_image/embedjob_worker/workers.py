@@ -16,9 +16,10 @@ from .model import ResolvedModel
 from .pools import POOL_NAMESPACE, pool_actor_name
 
 
-def worker_actor_name(job_key: str, slot: int, generation: int) -> str:
-    """Name of a job's own actor in a slot; a replacement after a crash gets the next generation."""
-    return f"embedjob-worker-{hashlib.sha256(job_key.encode()).hexdigest()[:8]}-{slot}-{generation}"
+def worker_actor_name(job_key: str, slot: int, generation: int, role: str = "worker") -> str:
+    """Name of a job's own actor (an EmbeddingWorker, or a `writer`) in a slot; a replacement after a crash
+    gets the next generation."""
+    return f"embedjob-{role}-{hashlib.sha256(job_key.encode()).hexdigest()[:8]}-{slot}-{generation}"
 
 
 def check_model(reported: dict, resolved: ResolvedModel) -> None:

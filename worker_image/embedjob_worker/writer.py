@@ -4,7 +4,9 @@ Keeps PostgreSQL round trips off the driver loop; batches queued here count agai
 maxInFlight, so a crash still loses at most maxInFlight batches. With nothing to write
 it still writes the run's counters every HEARTBEAT_S, which is the run's heartbeat. A
 write that fails on a lost connection is retried (errors.retry_database), so a database
-restart or failover shorter than DATABASE_OUTAGE_S costs the job nothing.
+restart or failover shorter than DATABASE_OUTAGE_S costs the job nothing. `write_group`
+is that write, also what each writer actor does (spec.sink.writers, writer_pool.py); then
+this thread writes only bad records and the driver's own counts.
 """
 
 from __future__ import annotations
@@ -12,16 +14,71 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
+from typing import Protocol
 
 from .errors import DB_ERRORS, JobFailed, retry_database
+from .outcome import AttemptRow, BatchOutcome, CounterUpdate, now
 from .records import BadRecord
-from .sink import HEARTBEAT_S, AttemptRow, BatchOutcome, PostgresSink, now
+from .sink import HEARTBEAT_S, PostgresSink
 from .tally import RunTally
 
 # Finished batches written per transaction at most; more waiting means the sink is behind.
-_MAX_GROUP_BATCHES = 64
+MAX_GROUP_BATCHES = 64
 # Groups of bad records queued at most: the feed waits when the writer is this far behind.
 _MAX_QUEUED_BAD_GROUPS = 8
+
+
+class BatchWriter(Protocol):
+    """Where the dispatcher hands finished batches: this thread, or the writer actors (writer_pool.WriterPool)."""
+
+    @property
+    def uncommitted(self) -> int: ...  # handed over, not yet committed: they count against maxInFlight
+
+    def put_outcome(self, outcome: BatchOutcome) -> None: ...
+
+    def failure(self) -> JobFailed | None: ...
+
+    def wait_for_commit(self, timeout: float) -> None: ...
+
+
+def note_write_retry(outcomes: list[BatchOutcome], reason: str) -> None:
+    """A `retry` attempt row before each outcome's final one: its write is tried again (recorded with it)."""
+    for outcome in outcomes:
+        final = outcome.attempts[-1]
+        outcome.attempts.insert(-1, AttemptRow(final.attempt, None, "retry", reason[:2000], now()))
+
+
+def write_group(sink: PostgresSink, run_id: str, outcomes: list[BatchOutcome], bad_records: list[BadRecord],
+                update: CounterUpdate | None = None) -> list[BatchOutcome]:
+    """One group in one transaction (sink.write), retried while the database is lost; the outcomes written."""
+    return retry_database(lambda: sink.write(run_id, outcomes, bad_records, update), "sink_write",
+                          lambda exc: note_write_retry(outcomes, f"DatabaseWriteFailed: {exc}"))
+
+
+def write_failure(error: BaseException) -> JobFailed:
+    """Why writing failed for good, as the run's reason."""
+    if isinstance(error, JobFailed):  # a reason of its own (e.g. VectorOutOfRange), passed on as it is
+        return error
+    if isinstance(error, DB_ERRORS):
+        return JobFailed("DatabaseUnavailable", f"writing to the database failed: {error}")
+    return JobFailed("InternalError", f"writing to the database failed: {type(error).__name__}: {error}"[:4000])
+
+
+class UncommittedBatches:
+    """Batches handed to a writer and not committed yet (they count against maxInFlight); a wait for a commit."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._uncommitted = 0
+
+    @property
+    def uncommitted(self) -> int:
+        with self._changed:
+            return self._uncommitted
+
+    def wait_for_commit(self, timeout: float) -> None:
+        with self._changed:
+            self._changed.wait(timeout)
 
 
 # What the writer's queue holds, besides the BatchOutcomes themselves.
@@ -35,26 +92,20 @@ class _Stop:
     """Write what is queued before this, then end the thread."""
 
 
-class SinkWriter:
+class SinkWriter(UncommittedBatches):
     def __init__(self, sink: PostgresSink, run_id: str, tally: RunTally):
+        super().__init__()
         self.sink, self.run_id, self.tally = sink, run_id, tally
         self.error: BaseException | None = None
         self._queue: queue.Queue[BatchOutcome | _BadRecords | _Stop] = queue.Queue()
-        self._uncommitted = 0
-        self._changed = threading.Condition()
         self._bad_group_slots = threading.Semaphore(_MAX_QUEUED_BAD_GROUPS)
         self._thread = threading.Thread(target=self._run, name="embedjob-sink", daemon=True)
         self._thread.start()
 
-    @property
-    def uncommitted(self) -> int:
-        with self._changed:
-            return self._uncommitted
-
     def put_outcome(self, outcome: BatchOutcome) -> None:
         with self._changed:
             self._uncommitted += 1
-        self._queue.put(outcome)
+        self._queue.put(self.tally.label(outcome))
 
     def put_bad_records(self, bad_records: list[BadRecord]) -> None:
         """Queue bad records for writing; waits while _MAX_QUEUED_BAD_GROUPS groups are still unwritten."""
@@ -67,18 +118,7 @@ class SinkWriter:
 
     def failure(self) -> JobFailed | None:
         """Why writing failed for good: the database was lost, or a write the driver did not foresee failed."""
-        if self.error is None:
-            return None
-        if isinstance(self.error, JobFailed):  # a reason of its own (e.g. VectorOutOfRange), passed on as it is
-            return self.error
-        if isinstance(self.error, DB_ERRORS):
-            return JobFailed("DatabaseUnavailable", f"writing to the database failed: {self.error}")
-        return JobFailed("InternalError", f"writing to the database failed: {type(self.error).__name__}: "
-                                          f"{self.error}"[:4000])
-
-    def wait_for_commit(self, timeout: float) -> None:
-        with self._changed:
-            self._changed.wait(timeout)
+        return None if self.error is None else write_failure(self.error)
 
     def close(self) -> None:
         """Write everything queued, then stop."""
@@ -117,7 +157,7 @@ class SinkWriter:
             items = [self._queue.get(timeout=HEARTBEAT_S)]
         except queue.Empty:
             return []
-        while len(items) < _MAX_GROUP_BATCHES:
+        while len(items) < MAX_GROUP_BATCHES:
             try:
                 items.append(self._queue.get_nowait())
             except queue.Empty:
@@ -125,12 +165,7 @@ class SinkWriter:
         return items
 
     def _write(self, outcomes: list[BatchOutcome], bad_records: list[BadRecord]) -> None:
-        def note_retry(exc: Exception) -> None:  # recorded with the batch once the write gets through
-            for outcome in outcomes:
-                final = outcome.attempts[-1]
-                outcome.attempts.insert(-1, AttemptRow(final.attempt, None, "retry", f"DatabaseWriteFailed: {exc}"[:2000],
-                                                       now()))
-
-        retry_database(lambda: self.sink.write(self.run_id, outcomes, bad_records,
-                                               self.tally.counters(outcomes).model_dump()), "sink_write", note_retry)
-        self.tally.commit(outcomes)
+        update = self.tally.driver_update(outcomes)
+        written = write_group(self.sink, self.run_id, outcomes, bad_records, update)
+        self.tally.reported(update)
+        self.tally.commit(written)
