@@ -6,10 +6,11 @@ import sqlalchemy as sa
 def query(url: str, sql: str, **params) -> list:
     """Rows of one SQL statement on a test database."""
     engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        rows = conn.execute(sa.text(sql), params).all()
-    engine.dispose()
-    return rows
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.text(sql), params).all()
+    finally:  # also when the statement fails: else the pooled session lingers until a garbage collection
+        engine.dispose()
 
 
 def vectors(url: str, collection: str = "default") -> list:
