@@ -132,10 +132,12 @@ def test_a_filtered_table_in_another_database_syncs_its_own_rows(ray_address, da
     assert query(source_url, "SELECT count(*) FROM docs")[0][0] == 300
 
 
-def test_killing_the_driver_mid_table_resumes_like_a_file_source(ray_address, database_url, tmp_path):
+@pytest.mark.parametrize("writers", [0, 2])  # the driver's writer thread, writer actors
+def test_killing_the_driver_mid_table_resumes_like_a_file_source(ray_address, database_url, tmp_path, writers):
     max_in_flight = 4
     create_docs(database_url, 2800, 640)
     spec = table_manifest("killtable", batch_size=16, max_in_flight=max_in_flight)
+    spec["spec"]["sink"]["writers"] = writers
     kill_driver_after(spec, database_url, ray_address, tmp_path / "driver.log", batches=5)
     written = {r[0] for r in query(database_url, "SELECT record_id FROM embeddings")}
     assert 0 < len(written) < 640
