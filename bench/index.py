@@ -28,9 +28,10 @@ from rounds import machine, report, run_rounds
 from sink import DIM, GROUP_BATCHES, fresh_sink, outcomes
 
 from embedjob.api_sink import VectorIndex
+from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.records import Record
 from embedjob_worker.search import nearest
-from embedjob_worker.sink import AttemptRow, BatchOutcome, PostgresSink, now
+from embedjob_worker.sink import PostgresSink
 from embedjob_worker.vector_index import INNER_PRODUCT, ensure_index
 
 HNSW = VectorIndex(type="hnsw")  # m 16, efConstruction 64: pgvector's defaults

@@ -56,10 +56,11 @@ def stream(path: str) -> None:
     import pgserver
 
     from embedjob.api import parse_spec
+    from embedjob_worker.copy_data import content_salt
     from embedjob_worker.feed import batches_to_embed
     from embedjob_worker.metrics import DriverMetrics
     from embedjob_worker.seen_ids import SeenIds
-    from embedjob_worker.sink import PostgresSink, content_salt
+    from embedjob_worker.sink import PostgresSink
     from embedjob_worker.tally import RunTally
 
     spec = parse_spec({"source": {"uri": path}, "model": {"name": "m", "revision": "r"},

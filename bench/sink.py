@@ -24,8 +24,10 @@ import numpy as np
 import sqlalchemy as sa
 from rounds import report, run_rounds
 
+from embedjob_worker.copy_data import content_salt
+from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.records import Record
-from embedjob_worker.sink import AttemptRow, BatchOutcome, PostgresSink, content_salt, now
+from embedjob_worker.sink import PostgresSink
 
 DIM = 384
 BATCH_ROWS = 64

@@ -10,10 +10,11 @@ import pytest
 import sqlalchemy as sa
 
 from embedjob_worker.config import JobConfig
+from embedjob_worker.copy_data import content_salt
 from embedjob_worker.records import Record, classify_records
 from embedjob_worker.run import run_job
 from embedjob_worker.seen_ids import SeenIds
-from embedjob_worker.sink import PostgresSink, content_salt
+from embedjob_worker.sink import PostgresSink
 from embedjob_worker.source import read_records
 from support.driver_jobs import corpus_lines, manifest, write_input
 from support.polling import wait_until

@@ -1,8 +1,9 @@
 """Duplicate ids decided by PostgreSQL (embedjob_worker.seen_ids) agree with the in-memory rule, also on resume."""
 
+from embedjob_worker.copy_data import content_salt
 from embedjob_worker.records import RawRecord, classify_records
 from embedjob_worker.seen_ids import SeenIds
-from embedjob_worker.sink import PostgresSink, content_salt
+from embedjob_worker.sink import PostgresSink
 from support.sql import query
 
 

@@ -6,9 +6,11 @@ import pytest
 import sqlalchemy as sa
 
 from support.sql import query
+from embedjob_worker.copy_data import content_salt
 from embedjob_worker.errors import JobFailed
+from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.records import BadReason, BadRecord, Record
-from embedjob_worker.sink import AttemptRow, BatchOutcome, PostgresSink, content_salt, now
+from embedjob_worker.sink import PostgresSink
 
 DIM = 4
 

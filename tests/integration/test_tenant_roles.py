@@ -14,8 +14,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from controller.run_reader import RunReader
 from embedjob import db, tenants
 from embedjob_worker.config import JobConfig
+from embedjob_worker.copy_data import content_salt
 from embedjob_worker.run import run_job
-from embedjob_worker.sink import PostgresSink, content_salt
+from embedjob_worker.sink import PostgresSink
 from support.driver_jobs import corpus_lines, manifest, write_input
 from support.tenant_roles import Tenant, as_role, create_role, tenant
 

@@ -6,13 +6,15 @@ import sqlalchemy as sa
 
 from support.sql import query
 from embedjob.api_sink import VectorIndex
+from embedjob_worker.copy_data import content_salt
 from embedjob_worker.errors import JobFailed
+from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.records import Record
 from embedjob_worker.search import nearest, vector_literal
-from embedjob_worker.sink import AttemptRow, BatchOutcome, PostgresSink, content_salt, now
+from embedjob_worker.sink import PostgresSink
 from embedjob_worker.tally import RunTally
-from embedjob_worker.writer import SinkWriter
 from embedjob_worker.vector_index import COSINE, INNER_PRODUCT, ensure_index, index_name
+from embedjob_worker.writer import SinkWriter
 
 HNSW = VectorIndex(type="hnsw")
 

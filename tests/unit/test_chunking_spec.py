@@ -14,9 +14,10 @@ from embedjob.api_sections import Chunking
 from embedjob_worker.batching import TokenBudget, batch_key, make_batches
 from embedjob_worker.chunking import Chunker
 from embedjob_worker.config import JobConfig, config_fingerprint, identity_changes, run_identity
+from embedjob_worker.copy_data import content_hash, content_salt, copy_payload
 from embedjob_worker.model import package_model_dir
+from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.records import Record, chunk_owners
-from embedjob_worker.sink import AttemptRow, BatchOutcome, content_hash, content_salt, copy_payload, now
 from support.cli import EMBEDJOB, manifest, run
 from support.manifests import MINIMAL_SPEC, merged
 from support.paths import SAMPLE

@@ -25,9 +25,10 @@ import sqlalchemy as sa
 from embedjob import db
 
 from .batching import Batch, batch_id
+from .copy_data import content_hash
 from .errors import retry_database
 from .logs import log_event
-from .sink import REFUSED_START_REASONS, content_hash
+from .sink import REFUSED_START_REASONS
 from .tally import RunTally
 
 log = logging.getLogger("embedjob_worker.incremental")

@@ -34,13 +34,14 @@ from .feed import batches_to_embed
 from .incremental import (
     IncrementalFeed, StoredHashes, delete_missing, forget_seen_ids, latest_run_succeeded, run_batch_ids,
 )
+from .copy_data import content_salt
 from .lease import PoolLease
 from .logs import log_event
 from .metrics import DriverMetrics
 from .model import ResolvedModel, resolve_model
 from .pools import pool_name, shared_cluster
 from .seen_ids import SeenIds
-from .sink import PostgresSink, RunStart, content_salt
+from .sink import PostgresSink, RunStart
 from .snapshot import InputSnapshot, input_snapshot
 from .source import resolve_uri
 from .table_source import table_snapshot, table_uri

@@ -25,12 +25,10 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from embedjob import db
 
 from .config import identity_changes
-from .copy_data import content_hash, content_salt, copy_payload  # noqa: F401 - content_*: imported from here too
+from .copy_data import copy_payload
 from .errors import JobFailed
 from .logs import log_event
-# AttemptRow, BatchOutcome, now: imported from here too
-from .outcome import (ADDED_COUNTERS, KEPT_ON_RESUME, AttemptRow, BatchOutcome, CounterUpdate,  # noqa: F401
-                      group_counts, now)
+from .outcome import ADDED_COUNTERS, KEPT_ON_RESUME, BatchOutcome, CounterUpdate, group_counts, now
 from .records import BadRecord
 from .snapshot import describe_input
 from .vectors_table import ensure_vectors_table
