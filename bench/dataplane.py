@@ -6,7 +6,7 @@
     read      source.read_records (JSONL lines to raw records)
     check     records.classify_records with the driver's SeenIds (duplicate ids in PostgreSQL)
     plan      batching.make_batches (sort window, batch ids) and the incremental lookup of
-              stored content hashes (one query a batch, incremental.StoredHashes)
+              stored content hashes (one query per feed.LOOKUP_RECORDS records, incremental.StoredHashes)
     dispatch  each batch to an actor that returns ready vectors apart (EmbeddingWorker's
               embed_apart, num_returns=2) and ray.get of the small result: what the driver
               does with writer actors
@@ -37,6 +37,7 @@ from tiny_model import build_tiny_model
 
 from embedjob_worker.batching import batch_key, make_batches
 from embedjob_worker.copy_data import content_salt
+from embedjob_worker.feed import lookup_groups
 from embedjob_worker.incremental import StoredHashes
 from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.records import Record, classify_records
@@ -88,8 +89,8 @@ def stage_round(path: Path, records: int, dim: int, batch_size: int) -> dict[str
 
             def plan():
                 batches = list(make_batches(valid, batch_size, 4096, batch_key("input", "config")))
-                for batch in batches:
-                    stored.changes(batch, set())
+                for group in lookup_groups(batches):
+                    stored.changes(group, set())
                 return batches
 
             figures["plan"], batches = cpu_per_record(records, plan)

@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -15,7 +16,7 @@ from support.paths import REPO, SAMPLE
 from support.sql import query
 from embedjob_worker.config import JobConfig
 from embedjob_worker.run import DriverOptions, run_job
-from embedjob_worker.table_source import read_table_records
+from embedjob_worker.table_source import equal_ids_adjacent, read_table_records
 from embedjob.api_table import SourceTable
 
 pytestmark = pytest.mark.slow
@@ -191,3 +192,57 @@ def test_the_table_sync_example_runs_and_resyncs_with_the_real_cli(database_url)
     second = embedjob_run()
     assert f"records by content 0 new, 1 changed, {published - 2} unchanged, 1 deleted" in second, second
     assert query(database_url, "SELECT count(*) FROM embeddings WHERE collection = 'documents'")[0][0] == published - 1
+
+
+def source_table(name: str) -> SourceTable:
+    return SourceTable.model_validate({"name": name, "idColumn": "id", "textColumn": "body"})
+
+
+def test_the_id_column_type_decides_whether_equal_ids_are_read_together(database_url):
+    execute(database_url, "CREATE DOMAIN positive AS integer CHECK (VALUE > 0)",
+            *(f"CREATE TABLE t_{name} (id {sql_type}, body text)" for name, sql_type in (
+                ("int", "integer PRIMARY KEY"), ("big", "bigint"), ("uuid", "uuid"), ("text", "text"),
+                ("varchar", 'varchar(40) COLLATE "C"'), ("numeric", "numeric"), ("domain", "positive"),
+                ("float", "double precision"))),
+            "CREATE VIEW v_int AS SELECT id, body FROM t_int")
+    adjacent = {name: equal_ids_adjacent(database_url, source_table(name))
+                for name in ("t_int", "t_big", "t_uuid", "t_text", "t_varchar", "t_numeric", "t_domain", "t_float",
+                             "v_int", "missing")}
+    assert adjacent == {"t_int": True, "t_big": True, "t_uuid": True, "t_text": True, "t_varchar": True,
+                        "v_int": True, "t_numeric": False, "t_domain": False, "t_float": False, "missing": False}
+
+
+def seen_ids_inserted(url: str) -> int:
+    return query(url, "SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables"
+                      " WHERE relname = 'embedjob_seen_ids'")[0][0]
+
+
+def test_duplicate_ids_of_a_table_are_found_by_neighbours_as_by_postgresql(ray_address, database_url):
+    # A bigint id column without a unique index, with duplicates: read in id order, equal ids come together.
+    texts = [json.loads(line)["text"] for line in corpus_lines(0, 60)]
+    ids = [*range(1, 51), 3, 3, 17, 50, 50, 50, 1, 22, 22, 40]
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE docs (id bigint, body text)"))
+        conn.execute(sa.text("INSERT INTO docs VALUES (:id, :body)"),
+                     [{"id": i, "body": t} for i, t in zip(ids, texts)])
+    engine.dispose()
+    assert equal_ids_adjacent(database_url, source_table("docs"))
+    summaries, claimed = {}, {}
+    for name, delete_missing in (("neighbours", False), ("claimed", True)):
+        manifest = table_manifest(name)
+        manifest["spec"]["sync"]["deleteMissing"] = delete_missing
+        before = seen_ids_inserted(database_url)
+        summaries[name] = run_job(JobConfig.from_manifest(manifest), database_url)
+        assert summaries[name].state == "succeeded", summaries[name].error
+        time.sleep(2)  # the driver's sessions have ended (sink.close): their statistics are in pg_stat by now
+        claimed[name] = seen_ids_inserted(database_url) - before
+    assert claimed == {"neighbours": 0, "claimed": 50}  # the neighbours' run claimed nothing in PostgreSQL
+    errors = {name: sorted(query(database_url, "SELECT record_id, reason FROM embedjob_record_errors WHERE run_id = :r",
+                                 r=summary.run_id)) for name, summary in summaries.items()}
+    assert errors["neighbours"] == errors["claimed"] == sorted(
+        (str(i), "duplicate_id") for i in (3, 3, 17, 50, 50, 50, 1, 22, 22, 40))
+    for name, summary in summaries.items():
+        assert (summary.counters.records_total, summary.counters.records_failed) == (60, 10), name
+        assert sorted(int(r[0]) for r in query(database_url, "SELECT record_id FROM embeddings WHERE collection = :c",
+                                               c=name)) == list(range(1, 51)), name

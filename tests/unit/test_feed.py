@@ -3,10 +3,10 @@
 import json
 
 from embedjob.api import parse_spec
-from embedjob_worker.batching import batch_key
-from embedjob_worker.feed import BAD_RECORDS_GROUP, batches_to_embed
+from embedjob_worker.batching import Batch, batch_key
+from embedjob_worker.feed import BAD_RECORDS_GROUP, LOOKUP_RECORDS, batches_to_embed, lookup_groups
 from embedjob_worker.metrics import DriverMetrics
-from embedjob_worker.records import BadReason
+from embedjob_worker.records import BadReason, Record
 from embedjob_worker.tally import RunTally
 
 
@@ -35,3 +35,45 @@ def test_a_wrong_text_field_hands_bad_records_over_in_bounded_groups_while_readi
     # Handed over while the input was still being read, never more than a group at a time.
     assert groups == [(BAD_RECORDS_GROUP, None), (BAD_RECORDS_GROUP, None), (500, None)]
     assert (tally.records_total, tally.counters().records_failed) == (records, records)
+
+
+def test_stored_hashes_are_asked_once_per_group_of_batches_in_input_order(tmp_path):
+    records = 3 * LOOKUP_RECORDS + 300
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i}", "text": "x" * (1 + i % 7)}) + "\n" for i in range(records)))
+    asked: list[list[str]] = []
+
+    def to_embed(batches):  # every third batch of a group is up to date: nothing of it goes on
+        asked.append([b.batch_id for b in batches])
+        return [None if i % 3 == 2 else b for i, b in enumerate(batches)]
+
+    tally = RunTally()
+    plain = list(batches_to_embed(spec(str(path), "text"), str(path), batch_key("i", "c"), {}, RunTally(),
+                                  DriverMetrics(), list))
+    kept = list(batches_to_embed(spec(str(path), "text"), str(path), batch_key("i", "c"), {}, tally, DriverMetrics(),
+                                 list, to_embed=to_embed))
+    # Every batch asked about exactly once, in the order it was planned, in groups of at most LOOKUP_RECORDS records.
+    assert [batch_id for group in asked for batch_id in group] == [b.batch_id for b in plain]
+    sizes = {b.batch_id: len(b.records) for b in plain}
+    assert all(sum(sizes[i] for i in group) <= LOOKUP_RECORDS for group in asked)
+    assert len(asked) == -(-records // LOOKUP_RECORDS)
+    expected = [batch_id for group in asked for i, batch_id in enumerate(group) if i % 3 != 2]
+    assert [b.batch_id for b in kept] == expected
+    assert tally.counters().batches_total == len(plain)
+
+
+def test_a_group_is_handed_on_as_soon_as_it_is_full():
+    batch = Batch("b", tuple(Record(i, f"r{i}", "t") for i in range(LOOKUP_RECORDS // 2)))
+    taken = []
+
+    def planned():
+        for index in range(4):
+            taken.append(index)
+            yield batch
+        raise AssertionError("read past the batches that fill the second group")
+
+    groups = lookup_groups(planned())
+    assert len(next(groups)) == 2 and taken == [0, 1]
+    assert len(next(groups)) == 2 and taken == [0, 1, 2, 3]
+    big = Batch("big", tuple(Record(i, f"r{i}", "t") for i in range(LOOKUP_RECORDS + 1)))
+    assert [len(g) for g in lookup_groups([batch, big, batch])] == [1, 1, 1]  # a batch over the size: alone

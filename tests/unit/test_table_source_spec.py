@@ -5,7 +5,9 @@ import pytest
 
 from embedjob.api import SpecError, parse_spec
 from embedjob.api_table import SourceTable, TableFilter
-from embedjob_worker.table_source import UnsafeTableSpec, check_table, table_query, table_snapshot
+from embedjob_worker.table_source import (
+    UnsafeTableSpec, check_table, sorts_equal_ids_together, table_query, table_snapshot,
+)
 
 HOSTILE_IDENTIFIERS = ['docs"; DROP TABLE embeddings; --', "docs; select 1", "x" * 64, "1docs", "a b", "dócs",
                        "docs\x00", "", 'a"b']
@@ -122,3 +124,15 @@ def test_a_source_database_reaches_the_pods_only_from_its_secret():
             {"name": "EMBEDJOB_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "embedjob-db", "key": "url"}}},
             {"name": "EMBEDJOB_SOURCE_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "cms-db", "key": "dsn"}}},
         ]
+
+
+@pytest.mark.parametrize(("type_name", "deterministic", "together"), [
+    ("integer", True, True), ("bigint", True, True), ("smallint", True, True), ("uuid", True, True),
+    ("text", True, True), ("character varying", True, True),
+    ("text", False, False),  # a nondeterministic collation sorts 'a' and 'A' as one: they may interleave
+    ("numeric", True, False),  # 1.0 and 1.00 sort as one but read as two ids
+    ("double precision", True, False), ("jsonb", True, False), ("character", True, False),
+    ("my_domain", True, False),  # a domain's type name is its own: not trusted
+])
+def test_only_types_whose_order_keeps_equal_ids_together_skip_the_claims(type_name, deterministic, together):
+    assert sorts_equal_ids_together(type_name, deterministic) is together

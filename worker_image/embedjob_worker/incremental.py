@@ -1,7 +1,9 @@
 """Incremental runs: which records of a batch still need the model, and deleting the vectors of ids gone.
 
-Before a batch is dispatched, one query reads the stored content hashes of its record
-ids (this collection, model and revision; the vectors table's primary key serves it).
+Before batches are dispatched, one query reads the stored content hashes of their record
+ids (this collection, model and revision; the vectors table's primary key serves it), for
+a group of consecutive batches at a time (feed.LOOKUP_RECORDS records): one round trip per
+group, not per batch.
 A record is `new` without a stored vector, `changed` when the hash differs, and
 `unchanged` when it matches: that record is neither sent to the model nor written. A
 match written by a batch of this same run (a resumed run) was counted when it was
@@ -25,6 +27,7 @@ import sqlalchemy as sa
 from embedjob import db
 
 from .batching import Batch, batch_id
+from .copy_data import content_hash
 from .copy_data import content_hash
 from .errors import retry_database
 from .logs import log_event
@@ -74,11 +77,15 @@ class StoredHashes:
                 self.table_exists = conn.execute(_EXISTS_SQL, {"table": self.quoted_table}).scalar_one()
                 if not self.table_exists:
                     return {}
-            return {row.record_id: row for row in conn.execute(self.stored_sql, {**self.scope, "ids": ids})}
+            # .all(): one fetch of every row, not a Python call per row
+            return {row.record_id: row for row in conn.execute(self.stored_sql, {**self.scope, "ids": ids}).all()}
 
-    def changes(self, batch: Batch, run_batches: Container[str]) -> BatchChanges:
-        """Split `batch`; `run_batches` holds the ids of the batches this run has written."""
-        stored = self._stored([r.id for r in batch.records])
+    def changes(self, batches: list[Batch], run_batches: Container[str]) -> list[BatchChanges]:
+        """Split each of `batches` (one query for all); `run_batches` holds the ids of the batches this run has written."""
+        stored = self._stored([r.id for batch in batches for r in batch.records]) if batches else {}
+        return [self._split(batch, stored, run_batches) for batch in batches]
+
+    def _split(self, batch: Batch, stored: dict[str, sa.Row], run_batches: Container[str]) -> BatchChanges:
         to_embed, new = [], 0
         unchanged = already_written = 0
         for record in batch.records:
@@ -100,17 +107,21 @@ class StoredHashes:
 
 
 class IncrementalFeed:
-    """What the feed asks before each batch: the part of it the model still has to embed (counted in the tally)."""
+    """What the feed asks before each group of batches: the part of each the model still has to embed (counted
+    in the tally)."""
 
     def __init__(self, stored: StoredHashes, run_batches: Container[str], tally: RunTally):
         self.stored, self.run_batches, self.tally = stored, run_batches, tally
 
-    def to_embed(self, batch: Batch) -> Batch | None:
-        found = retry_database(lambda: self.stored.changes(batch, self.run_batches), "stored_hashes")
-        self.tally.up_to_date(found.unchanged, found.already_written, whole_batch=found.to_embed is None)
-        if found.to_embed is not None:
-            self.tally.classified(found.to_embed.batch_id, found.new, found.changed)
-        return found.to_embed
+    def to_embed(self, batches: list[Batch]) -> list[Batch | None]:
+        """Each batch's part still to embed, None for a batch with nothing left."""
+        kept = []
+        for found in retry_database(lambda: self.stored.changes(batches, self.run_batches), "stored_hashes"):
+            self.tally.up_to_date(found.unchanged, found.already_written, whole_batch=found.to_embed is None)
+            if found.to_embed is not None:
+                self.tally.classified(found.to_embed.batch_id, found.new, found.changed)
+            kept.append(found.to_embed)
+        return kept
 
 
 def delete_missing(engine: sa.Engine, table: str, collection: str, model: str, revision: str, run_id: str) -> int:

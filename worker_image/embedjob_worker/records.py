@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 import unicodedata
@@ -15,7 +16,7 @@ MAX_RECORD_BYTES = 16 * 1024 * 1024
 # at about 2.7 kB, so longer ids could never be written.
 MAX_ID_BYTES = 1024
 # Ids are checked for duplicates in chunks of this many records (or this much text) at a time.
-CLAIM_CHUNK_RECORDS = 1000
+CLAIM_CHUNK_RECORDS = 4096
 CLAIM_CHUNK_BYTES = 16 * 1024 * 1024
 
 class BadReason(str, Enum):
@@ -151,6 +152,23 @@ class FirstOccurrences:
         return {position for record_id, position in claims if self._first.setdefault(record_id, position) == position}
 
 
+class SortedIds:
+    """An IdRegistry for an input read in id order in which equal ids are always next to each other
+    (table_source.equal_ids_adjacent): an id is a first occurrence unless it repeats the id just
+    before it. Nothing is stored but that id."""
+
+    def __init__(self) -> None:
+        self._last: str | None = None
+
+    def first_occurrences(self, claims: list[tuple[str, int]]) -> set[int]:
+        firsts = set()
+        for record_id, position in claims:
+            if record_id != self._last:
+                firsts.add(position)
+            self._last = record_id
+        return firsts
+
+
 def _check(raw: RawRecord) -> tuple[Record | BadRecord, str | None]:
     """The record's outcome, duplicates aside, and the id it claims (None when it has no usable id)."""
     if raw.problem is not None:
@@ -192,14 +210,29 @@ def classify_records(raw_records: Iterable[RawRecord], ids: IdRegistry | None = 
     """Yield each record as a Record or a BadRecord; the first occurrence of an id wins.
 
     A record with a usable id claims it even when its text is bad. `ids` (default: in
-    memory) decides which claims come first, a chunk at a time. Deterministic for a given
-    input, so a resumed run rejects the same records and forms the same batches.
+    memory) decides which claims come first, a chunk at a time, in input order on one
+    thread of its own: the next chunk's claim (a statement in PostgreSQL for the driver)
+    runs while this chunk's records are used, so the driver does not wait for it. Deterministic
+    for a given input, so a resumed run rejects the same records and forms the same batches.
     """
     ids = ids if ids is not None else FirstOccurrences()
-    for group in _chunks(map(_check, raw_records)):
-        firsts = ids.first_occurrences([(record_id, item.position) for item, record_id in group if record_id])
-        for item, record_id in group:
-            if record_id is None or item.position in firsts:
-                yield item
-            else:
-                yield BadRecord(item.position, record_id, BadReason.duplicate_id, "id seen earlier in the input")
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="claim-ids") as claims:
+        previous = None
+        for group in _chunks(map(_check, raw_records)):
+            claimed = claims.submit(ids.first_occurrences,
+                                    [(record_id, item.position) for item, record_id in group if record_id])
+            if previous is not None:
+                yield from _decided(*previous)
+            previous = group, claimed
+        if previous is not None:
+            yield from _decided(*previous)
+
+
+def _decided(group: list[tuple[Record | BadRecord, str | None]], claimed: Future[set[int]]) -> Iterator[Record | BadRecord]:
+    """A chunk's records once its claim is answered: a duplicate of an earlier id is a BadRecord."""
+    firsts = claimed.result()
+    for item, record_id in group:
+        if record_id is None or item.position in firsts:
+            yield item
+        else:
+            yield BadRecord(item.position, record_id, BadReason.duplicate_id, "id seen earlier in the input")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+import psycopg
 import sqlalchemy as sa
 
 from embedjob.api import RunCounters
@@ -40,11 +41,12 @@ from .logs import log_event
 from .metrics import DriverMetrics
 from .model import ResolvedModel, resolve_model
 from .pools import pool_name, shared_cluster
+from .records import IdRegistry, SortedIds
 from .seen_ids import SeenIds
 from .sink import PostgresSink, RunStart
 from .snapshot import InputSnapshot, input_snapshot
 from .source import resolve_uri
-from .table_source import table_snapshot, table_uri
+from .table_source import equal_ids_adjacent, table_snapshot, table_uri
 from .tally import RunSummary, RunTally
 from .tokens import chunker_for, load_tokenizer, model_token_limit, token_budget
 from .vector_index import check_indexable, ensure_index, metric_for
@@ -195,7 +197,7 @@ class JobRun:
                 stored = StoredHashes(self.sink.engine, spec.sink.table, spec.sink.collection, resolved.name,
                                       resolved.revision, self.sink.salt)
                 batches = batches_to_embed(spec, uri, key, done_before, self.tally, self.metrics,
-                                           writer.put_bad_records, SeenIds(self.sink.engine, run_id),
+                                           writer.put_bad_records, self._id_registry(run_id),
                                            self.source_database_url,
                                            IncrementalFeed(stored, run_batches, self.tally).to_embed, budget, chunker)
                 # No actor starts (nor model loads) before a batch needs one: an unchanged re-run starts none.
@@ -206,6 +208,18 @@ class JobRun:
             except JobFailed as exc:
                 failure = exc
         return writer.failure() or failure
+
+    def _id_registry(self, run_id: str) -> IdRegistry:
+        """How duplicate ids are found: in PostgreSQL (seen_ids, which sync.deleteMissing needs: every id
+        read), or, for a table read in an order that puts equal ids together, by comparing neighbours."""
+        table = self.spec.source.table
+        if table is not None and not self.spec.sync.delete_missing:
+            try:
+                if equal_ids_adjacent(self.source_database_url, table):
+                    return SortedIds()
+            except psycopg.Error as exc:  # as reading the table would fail
+                raise JobFailed("SourceUnreadable", f"reading {table_uri(table)}: {type(exc).__name__}: {exc}") from None
+        return SeenIds(self.sink.engine, run_id)
 
     def _dispatch(self, resolved: ResolvedModel, batches: Iterator[Batch], writer: SinkWriter,
                   skipping: int, run_id: str) -> JobFailed | None:

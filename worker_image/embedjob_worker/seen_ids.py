@@ -33,6 +33,6 @@ class SeenIds:
 
         def claim() -> set[int]:  # a claim repeated after a lost connection returns the same positions
             with self.engine.begin() as conn:
-                return {position for (position,) in conn.execute(_CLAIM_SQL, params)}
+                return set(conn.execute(_CLAIM_SQL, params).scalars().all())
 
         return retry_database(claim, "claim_ids")

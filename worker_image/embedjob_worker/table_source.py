@@ -6,6 +6,13 @@ quoted with sql.Identifier; filter values are bound parameters, and the operator
 from a fixed table. Rows are fetched FETCH_ROWS at a time by a named (server-side)
 cursor, so the table is never held in memory; one query, so one snapshot of the table.
 
+Read in id order, a table whose id column is an integer, a uuid or a text under a
+deterministic collation brings equal ids next to each other, so its duplicate ids are
+found by comparing each id with the one before (records.SortedIds) instead of claiming
+every id in PostgreSQL (equal_ids_adjacent). Other types (numeric, whose 1.0 and 1.00
+sort together but read differently; text under a nondeterministic collation, which sorts
+'a' and 'A' as one) and domains are claimed as before.
+
 A table's input fingerprint (snapshot.InputSnapshot) names the table, not its content:
 schema, name, id and text columns and the filter. Its rows change between runs by
 design, and a re-run embeds only what changed (embedjob_worker.incremental); what a
@@ -32,6 +39,16 @@ FETCH_ROWS = 2000
 _OPERATORS = {"eq": "=", "ne": "<>", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
               "isNull": "IS NULL", "isNotNull": "IS NOT NULL"}
 _CURSOR_NAME = "embedjob_source"
+# The id column's type and whether its collation is deterministic (no collation: True).
+_ID_COLUMN_SQL = """
+SELECT format_type(a.atttypid, NULL), coalesce(co.collisdeterministic, true)
+FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_collation co ON co.oid = a.attcollation
+WHERE n.nspname = %s AND c.relname = %s AND a.attname = %s AND a.attnum > 0 AND NOT a.attisdropped
+"""
+_EXACT_ORDER_TYPES = frozenset({"smallint", "integer", "bigint", "uuid", "text", "character varying"})
 
 
 class UnsafeTableSpec(ValueError):
@@ -107,7 +124,22 @@ def read_table_records(url: str, table: SourceTable) -> Iterator[RawRecord]:
     with psycopg.connect(libpq_url(url), connect_timeout=10, application_name="embedjob-source") as conn:
         conn.read_only = True
         with conn.cursor(name=_CURSOR_NAME) as cur:
-            cur.itersize = FETCH_ROWS
             cur.execute(query, params)
-            for position, (record_id, text) in enumerate(cur):
-                yield RawRecord(position, record_id, text)
+            position = 0
+            while rows := cur.fetchmany(FETCH_ROWS):  # a fetch per FETCH_ROWS rows, not a call per row
+                for record_id, text in rows:
+                    yield RawRecord(position, record_id, text)
+                    position += 1
+
+
+def equal_ids_adjacent(url: str, table: SourceTable) -> bool:
+    """Whether reading the table in id order brings equal ids (as text) next to each other (module docstring)."""
+    with psycopg.connect(libpq_url(url), connect_timeout=10, application_name="embedjob-source") as conn:
+        row = conn.execute(_ID_COLUMN_SQL, (table.table_schema, table.name, table.id_column)).fetchone()
+    return row is not None and sorts_equal_ids_together(*row)
+
+
+def sorts_equal_ids_together(type_name: str, deterministic_collation: bool) -> bool:
+    """Whether ORDER BY a column of this type (format_type's name) and collation puts values whose text
+    is equal next to each other: only where equal text means equal value and the reverse."""
+    return type_name in _EXACT_ORDER_TYPES and deterministic_collation
