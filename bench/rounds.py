@@ -92,7 +92,7 @@ def report(results: Mapping[str, Figures], unit: str = "", ratios: Mapping[str, 
         lines.append(f"| {name} | {figures.median:,.1f} | {figures.low:,.1f} – {figures.high:,.1f} | "
                      f"{len(figures.values)} |")
     for name, figures in (ratios or {}).items():
-        lines.append(f"| {name} | {figures.median:.2f} | {figures.low:.2f} – {figures.high:.2f} | "
+        lines.append(f"| {name} | {figures.median:.3f} | {figures.low:.3f} – {figures.high:.3f} | "
                      f"{len(figures.values)} |")
     note = "" if rounds >= MIN_ROUNDS else f" — fewer than {MIN_ROUNDS} rounds: not a result"
     lines.append(f"\n{machine()}{note}")
