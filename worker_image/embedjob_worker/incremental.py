@@ -28,7 +28,6 @@ from embedjob import db
 
 from .batching import Batch, batch_id
 from .copy_data import content_hash
-from .copy_data import content_hash
 from .errors import retry_database
 from .logs import log_event
 from .sink import REFUSED_START_REASONS
@@ -81,7 +80,8 @@ class StoredHashes:
             return {row.record_id: row for row in conn.execute(self.stored_sql, {**self.scope, "ids": ids}).all()}
 
     def changes(self, batches: list[Batch], run_batches: Container[str]) -> list[BatchChanges]:
-        """Split each of `batches` (one query for all); `run_batches` holds the ids of the batches this run has written."""
+        """Split each of `batches` (one query for all); `run_batches` holds the ids of the batches this run
+        has written."""
         stored = self._stored([r.id for batch in batches for r in batch.records]) if batches else {}
         return [self._split(batch, stored, run_batches) for batch in batches]
 

@@ -228,7 +228,8 @@ def classify_records(raw_records: Iterable[RawRecord], ids: IdRegistry | None = 
             yield from _decided(*previous)
 
 
-def _decided(group: list[tuple[Record | BadRecord, str | None]], claimed: Future[set[int]]) -> Iterator[Record | BadRecord]:
+def _decided(group: list[tuple[Record | BadRecord, str | None]],
+             claimed: Future[set[int]]) -> Iterator[Record | BadRecord]:
     """A chunk's records once its claim is answered: a duplicate of an earlier id is a BadRecord."""
     firsts = claimed.result()
     for item, record_id in group:

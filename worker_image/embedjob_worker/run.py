@@ -218,7 +218,8 @@ class JobRun:
                 if equal_ids_adjacent(self.source_database_url, table):
                     return SortedIds()
             except psycopg.Error as exc:  # as reading the table would fail
-                raise JobFailed("SourceUnreadable", f"reading {table_uri(table)}: {type(exc).__name__}: {exc}") from None
+                raise JobFailed("SourceUnreadable",
+                                f"reading {table_uri(table)}: {type(exc).__name__}: {exc}") from None
         return SeenIds(self.sink.engine, run_id)
 
     def _dispatch(self, resolved: ResolvedModel, batches: Iterator[Batch], writer: SinkWriter,
