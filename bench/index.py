@@ -49,7 +49,7 @@ def load(sink: PostgresSink, run_id: str, batches: list[BatchOutcome]) -> float:
 def build_after_load(rows: int, index: VectorIndex) -> dict[str, float]:
     with fresh_sink(job="index") as (sink, run_id):
         sink.ensure_vectors_table(DIM)
-        loading = load(sink, run_id, outcomes(rows, "v1"))
+        loading = load(sink, run_id, outcomes(rows, "v1", new=True))
         built = ensure_index(sink.engine, sink.table, "vector", INNER_PRODUCT, index)
     print(f"built with buildMemory {index.build_memory}: {built.note or 'the graph fitted in memory'}", file=sys.stderr)
     return {"load s": loading, "index build s": built.seconds, "total s": loading + built.seconds}
@@ -59,7 +59,7 @@ def index_during_load(rows: int) -> dict[str, float]:
     with fresh_sink(job="index") as (sink, run_id):
         sink.ensure_vectors_table(DIM)
         ensure_index(sink.engine, sink.table, "vector", INNER_PRODUCT, HNSW)  # on the empty table
-        loading = load(sink, run_id, outcomes(rows, "v1"))
+        loading = load(sink, run_id, outcomes(rows, "v1", new=True))
     return {"total s": loading}
 
 

@@ -1,5 +1,6 @@
 """The PostgreSQL sink against a real PostgreSQL with pgvector (no Ray, no model)."""
 
+import logging
 import numpy as np
 import psycopg
 import pytest
@@ -9,7 +10,7 @@ from support.sql import query
 from embedjob_worker.copy_data import content_salt
 from embedjob_worker.errors import JobFailed
 from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
-from embedjob_worker.records import BadReason, BadRecord, Record
+from embedjob_worker.records import BadReason, BadRecord, Record, Span
 from embedjob_worker.sink import PostgresSink
 
 DIM = 4
@@ -54,6 +55,33 @@ def test_batches_are_written_with_their_marks_and_rewrites_change_nothing(databa
     assert again[1].updated_at > vectors[1].updated_at  # "b": text changed, rewritten
     assert query(database_url, "SELECT count(*) FROM embedjob_batch_attempts WHERE batch_id = 'b1'") == [(2,)]
     assert query(database_url, "SELECT records_embedded FROM embedjob_runs") == [(2,)]
+    sink.close()
+
+
+def test_records_new_when_planned_are_inserted_and_one_written_since_is_merged(database_url, caplog):
+    """A group of records the planner found nowhere in the table (records_new) goes in by a plain INSERT.
+    When one of them is there after all (another job wrote it since), the INSERT is undone and the merge
+    writes the group: the record's text and vector are replaced, and its chunks past its last go."""
+    sink = make_sink(database_url)
+    run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
+    spans = (Span(0, 5, 3), Span(6, 10, 3), Span(11, 16, 3))
+    three = BatchOutcome("b1", "succeeded", (Record(0, "a", "alpha beta gamma", spans),),
+                         [AttemptRow(1, "w", "succeeded", None, now())], now(),
+                         vectors=np.ones((3, DIM), dtype=np.float32), worker="w", records_new=1)
+    rows = lambda: query(database_url, "SELECT record_id, chunk, text FROM vectors ORDER BY 1, 2")  # noqa: E731
+    with caplog.at_level(logging.INFO, logger="embedjob_worker.sink"):
+        sink.write(run.run_id, [three], [])
+        assert rows() == [("a", 0, "alpha"), ("a", 1, "beta"), ("a", 2, "gamma")]
+        assert not [r for r in caplog.records if r.msg == "new_records_already_written"]
+
+        written_since = outcome("b2", {"b": "beta", "a": "alpha!"})
+        written_since.records_new = 2  # "a" was not there when the planner looked
+        sink.write(run.run_id, [written_since], [])
+    assert rows() == [("a", 0, "alpha!"), ("b", 0, "beta")]
+    assert [r.fields["batches"] for r in caplog.records if r.msg == "new_records_already_written"] == [1]
+    assert query(database_url, "SELECT batch_id, state FROM embedjob_batches ORDER BY 1") == [
+        ("b1", "succeeded"), ("b2", "succeeded")]
+    assert query(database_url, "SELECT records_embedded, records_new FROM embedjob_runs") == [(3, 3)]
     sink.close()
 
 

@@ -14,7 +14,7 @@ from embedjob.api_sections import Chunking
 from embedjob_worker.batching import TokenBudget, batch_key, make_batches
 from embedjob_worker.chunking import Chunker
 from embedjob_worker.config import JobConfig, config_fingerprint, identity_changes, run_identity
-from embedjob_worker.copy_data import content_hash, content_salt, copy_payload
+from embedjob_worker.copy_data import COPY_COLUMNS, content_hash, content_salt, copy_payload
 from embedjob_worker.model import package_model_dir
 from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.records import Record, chunk_owners
@@ -138,17 +138,19 @@ def test_the_example_is_a_valid_chunking_job():
     assert (config.spec.chunking.max_tokens, config.spec.chunking.overlap_tokens) == (64, 16)
 
 
-def copy_rows(payload: bytes) -> list[list[bytes]]:
-    """The tuples of PostgreSQL binary COPY data, each a list of its fields' bytes."""
+def copy_rows(payload: bytes) -> list[dict[str, bytes]]:
+    """The tuples of PostgreSQL binary COPY data, each its fields' bytes by staging column (COPY_COLUMNS)."""
     rows, at = [], 19  # signature, flags, header extension
     while (fields := struct.unpack(">h", payload[at:at + 2])[0]) != -1:
+        assert fields == len(COPY_COLUMNS)
         at += 2
-        row = []
-        for _ in range(fields):
+        row = {}
+        for column in COPY_COLUMNS:
             size = struct.unpack(">i", payload[at:at + 4])[0]
-            row.append(payload[at + 4:at + 4 + size])
+            row[column] = payload[at + 4:at + 4 + size]
             at += 4 + size
         rows.append(row)
+    assert at + 2 == len(payload)
     return rows
 
 
@@ -161,12 +163,17 @@ def test_the_copy_data_has_a_row_per_chunk_with_its_number_offsets_text_and_the_
                            vectors=vectors)
     rows = copy_rows(copy_payload([outcome], b"salt"))
     assert len(rows) == len(chunked.spans) + 1
-    number = lambda field: struct.unpack(">i", field)[0]  # noqa: E731
+    def fields(row: dict[str, bytes]) -> tuple:
+        number = lambda column: struct.unpack(">i", row[column])[0]  # noqa: E731
+        return (row["record_id"].decode(), number("chunk"), number("char_start"), number("char_end"),
+                row["text"].decode(), row["batch_id"].decode())
+
     for k, (row, span) in enumerate(zip(rows, chunked.spans)):
-        assert (row[0], number(row[1]), number(row[2]), number(row[3])) == (b"doc", k, span.start, span.end)
-        assert row[4] == content_hash(b"salt", text.encode()).encode()  # the record's, on each chunk
-        assert row[6].decode() == text[span.start:span.end]
-        assert np.frombuffer(row[5][4:], dtype=">f4").tolist() == vectors[k].tolist()
+        assert fields(row) == ("doc", k, span.start, span.end, text[span.start:span.end], "b")
+        assert row["content_hash"] == content_hash(b"salt", text.encode()).encode()  # the record's, on each chunk
+        assert struct.unpack(">hh", row["embedding"][:4]) == (3, 0)
+        assert np.frombuffer(row["embedding"][4:], dtype=">f4").tolist() == vectors[k].tolist()
     last = rows[-1]
-    assert (last[0], number(last[1]), number(last[2]), number(last[3]), last[6].decode()) == \
-        (b"short", 0, 0, 7, "ünïcödé")  # without chunks: chunk 0 over the whole text, offsets in characters
+    # without chunks: chunk 0 over the whole text, offsets in characters
+    assert fields(last) == ("short", 0, 0, 7, "ünïcödé", "b")
+    assert np.frombuffer(last["embedding"][4:], dtype=">f4").tolist() == vectors[-1].tolist()

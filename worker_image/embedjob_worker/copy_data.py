@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,9 +20,21 @@ if TYPE_CHECKING:
 
 _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 _COPY_TRAILER = struct.pack(">h", -1)
-_HASH_FIELD = struct.pack(">i", 64)  # hex sha256
+_HEX_SHA256 = 64
 # pgvector's binary input of each type: int16 dimensions, int16 unused, then big-endian floats of this dtype.
 _BINARY_DTYPES = {"vector": np.dtype(">f4"), "halfvec": np.dtype(">f2")}
+# The staging table's columns in the order of the COPY data: the fixed-size fields first, so that numpy
+# writes them for a whole batch (_fixed_fields), then the three of variable size.
+COPY_COLUMNS = ("chunk", "char_start", "char_end", "content_hash", "embedding", "record_id", "text", "batch_id")
+
+
+@lru_cache(maxsize=8)
+def _fixed_fields(component: np.dtype, dim: int) -> np.dtype:
+    """A COPY row's start, as one packed record: its field count, then each fixed-size field's length and value."""
+    return np.dtype([("fields", ">i2"), ("chunk_size", ">i4"), ("chunk", ">i4"), ("start_size", ">i4"),
+                     ("start", ">i4"), ("end_size", ">i4"), ("end", ">i4"), ("hash_size", ">i4"),
+                     ("hash", f"S{_HEX_SHA256}"), ("vector_size", ">i4"), ("dim", ">i2"), ("unused", ">i2"),
+                     ("vector", component, (dim,))])
 
 
 def content_salt(normalize: bool, max_seq_length: int | None, chunking: Chunking | None = None) -> bytes:
@@ -37,28 +50,46 @@ def content_hash(salt: bytes, text: bytes) -> str:
 
 
 def copy_payload(outcomes: list[BatchOutcome], salt: bytes, vector_type: str = "vector") -> bytes:
-    """PostgreSQL binary COPY data for the staging table (pgvector's binary `vector` or `halfvec` format)."""
-    dtype = _BINARY_DTYPES[vector_type]
+    """PostgreSQL binary COPY data for the staging table's COPY_COLUMNS (pgvector's binary `vector` or `halfvec`)."""
+    component = _BINARY_DTYPES[vector_type]
     parts = [_COPY_SIGNATURE]
     for outcome in outcomes:
         with np.errstate(over="ignore"):  # beyond float16's range: inf, refused below
-            vectors = np.ascontiguousarray(outcome.vectors, dtype=dtype)
+            vectors = np.asarray(outcome.vectors, dtype=component)
         if vector_type == "halfvec" and not np.isfinite(vectors).all():
             record = chunk_owners(outcome.records)[int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])]
             raise JobFailed("VectorOutOfRange", f"record {record.id!r} (batch {outcome.batch_id}): a component is "
                                                 f"beyond halfvec's range (±65504); use vectorType vector")
-        count, dim = vectors.shape
-        vector_prefix = struct.pack(">ihh", 4 + dtype.itemsize * dim, dim, 0)
         batch_id = outcome.batch_id.encode()
-        batch_field = struct.pack(">i", len(batch_id)) + batch_id
-        rows = iter(vectors)
+        batch_field = _sized(batch_id)
+        numbers, starts, ends, hashes, variable = [], [], [], [], []
         for record in outcome.records:
-            record_id = record.id.encode()
-            id_field = struct.pack(">hi", 8, len(record_id)) + record_id
-            hash_field = _HASH_FIELD + content_hash(salt, record.text.encode()).encode()  # the record's, on each chunk
-            for number, (span, text) in enumerate(zip(record.chunks, record.chunk_texts())):
-                text = text.encode()
-                parts += (id_field, struct.pack(">iiiiii", 4, number, 4, span.start, 4, span.end), hash_field,
-                          vector_prefix, next(rows).tobytes(), struct.pack(">i", len(text)), text, batch_field)
+            id_field = _sized(record.id.encode())
+            text = record.text
+            digest = content_hash(salt, text.encode())  # the record's, on each of its chunks
+            # record.chunks without building a Span for the usual record of one chunk
+            bounds = [(span.start, span.end) for span in record.spans] if record.spans else [(0, len(text))]
+            for number, (start, end) in enumerate(bounds):
+                numbers.append(number)
+                starts.append(start)
+                ends.append(end)
+                hashes.append(digest)
+                variable.append(id_field + _sized(text[start:end].encode()) + batch_field)
+        count, dim = vectors.shape
+        fixed = np.empty(count, _fixed_fields(component, dim))
+        fixed["fields"] = len(COPY_COLUMNS)
+        fixed["chunk_size"] = fixed["start_size"] = fixed["end_size"] = 4
+        fixed["chunk"], fixed["start"], fixed["end"], fixed["hash"] = numbers, starts, ends, hashes
+        fixed["hash_size"] = _HEX_SHA256
+        fixed["vector_size"], fixed["dim"], fixed["unused"] = 4 + component.itemsize * dim, dim, 0
+        fixed["vector"] = vectors
+        rows, width = memoryview(fixed.tobytes()), fixed.itemsize
+        for row, fields in enumerate(variable):
+            parts += (rows[row * width:(row + 1) * width], fields)
     parts.append(_COPY_TRAILER)
     return b"".join(parts)
+
+
+def _sized(value: bytes) -> bytes:
+    """A binary COPY field: its length, then its bytes."""
+    return len(value).to_bytes(4, "big") + value
