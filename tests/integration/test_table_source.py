@@ -3,16 +3,16 @@
 import json
 import os
 import subprocess
-import time
 
 import pytest
 import sqlalchemy as sa
 import yaml
 
 from support.cli import EMBEDJOB
-from support.driver_crash import kill_driver_after
+from support.driver_crash import kill_driver_after, other_sessions
 from support.driver_jobs import corpus_lines
 from support.paths import REPO, SAMPLE
+from support.polling import wait_until
 from support.sql import query
 from embedjob_worker.config import JobConfig
 from embedjob_worker.run import DriverOptions, run_job
@@ -235,7 +235,8 @@ def test_duplicate_ids_of_a_table_are_found_by_neighbours_as_by_postgresql(ray_a
         before = seen_ids_inserted(database_url)
         summaries[name] = run_job(JobConfig.from_manifest(manifest), database_url)
         assert summaries[name].state == "succeeded", summaries[name].error
-        time.sleep(2)  # the driver's sessions have ended (sink.close): their statistics are in pg_stat by now
+        # A session's table statistics reach pg_stat when it ends (an idle one may hold them for seconds).
+        wait_until("the driver's database sessions to end", lambda: other_sessions(database_url) == 0, timeout=60)
         claimed[name] = seen_ids_inserted(database_url) - before
     assert claimed == {"neighbours": 0, "claimed": 50}  # the neighbours' run claimed nothing in PostgreSQL
     errors = {name: sorted(query(database_url, "SELECT record_id, reason FROM embedjob_record_errors WHERE run_id = :r",
