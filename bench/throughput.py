@@ -5,9 +5,11 @@ all-MiniLM-L6-v2 at the same batch size on the same CPUs. (c) includes the Postg
 writes (an embedded pgserver in a temp dir). "steady" excludes process start and model
 load (first batch start to last batch end / last commit); "wall" includes them.
 (a') and (c') repeat (a) and (c) with a tiny random-weight model (bench/tiny_model.py):
-the ceiling of the data plane, where the model costs next to nothing.
+the ceiling of the data plane, where the model costs next to nothing. (d) is (c) with another
+spec.model backend and precision (--backends, default openvino/int8), against (a)'s torch float32.
 
     HF_HUB_OFFLINE=1 python bench/throughput.py [--texts 4000] [--batch-size 32] [--cpus 2] [--rounds 3]
+                                                [--backends openvino/int8 ...]
 
 The contenders alternate in each round (bench/rounds.py); the table gives medians and ranges.
 """
@@ -111,7 +113,7 @@ def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Pa
             "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "metadata": {"name": "bench"},
             "spec": {
                 "source": {"uri": str(source)},
-                "model": model or {"name": MODEL_NAME, "package": MODEL_PACKAGE},
+                "model": model or {"name": MODEL_NAME, "package": MODEL_PACKAGE},  # torch float32
                 "batching": {"batchSize": batch_size, "maxInFlight": max_in_flight, "sortWindow": 4096,
                              **({"maxTokens": max_tokens} if max_tokens else {})},
                 "workers": workers or {"replicas": 1, "cpusPerActor": cpus},
@@ -134,7 +136,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tiny-texts", type=int, default=20_000,
                         help="texts for the tiny-model ceiling (batch 256, maxInFlight 8)")
+    parser.add_argument("--backends", nargs="*", default=["openvino/int8"], metavar="BACKEND/PRECISION",
+                        help="(d): the driver with these spec.model backends and precisions (none: no (d))")
     args = parser.parse_args()
+    backends = [dict(zip(("backend", "precision"), choice.split("/", 1))) for choice in args.backends]
     records = first_records(max(args.texts, args.tiny_texts))
     tiny_records, records = records[:args.tiny_texts], records[:args.texts]
     texts, tiny_texts = [r["text"] for r in records], [r["text"] for r in tiny_records]
@@ -151,6 +156,7 @@ def main() -> None:
         return {"steady": steady, "wall": wall}
 
     tiny = {"name": "bench/tiny-random-bert", "path": str(tiny_dir)}
+    packaged = {"name": MODEL_NAME, "package": MODEL_PACKAGE}
 
     try:
         results = run_rounds({
@@ -160,6 +166,8 @@ def main() -> None:
             "(c) embedjob driver + PostgreSQL": lambda: driver(records, args.batch_size),
             "(a') tiny model, encode": lambda: plain_encode(tiny_texts, TINY_BATCH, args.cpus, str(tiny_dir)),
             "(c') tiny model, embedjob driver": lambda: driver(tiny_records, TINY_BATCH, model=tiny, max_in_flight=8),
+            **{backend_contender(b): lambda b=b: driver(records, args.batch_size, model=packaged | b)
+               for b in backends},
         }, rounds=args.rounds)
     finally:
         ray.shutdown()
@@ -170,7 +178,13 @@ def main() -> None:
         "(c)/(b), wall": ratio(results, f"{c} wall", f"{b} wall"),
         "tiny model: (c')/(a'), steady": ratio(results, "(c') tiny model, embedjob driver steady",
                                                "(a') tiny model, encode"),
+        **{f"(d)/(a), {b['backend']} {b['precision']}, steady":
+           ratio(results, f"{backend_contender(b)} steady", a) for b in backends},
     }))
+
+
+def backend_contender(backend: dict) -> str:
+    return f"(d) embedjob driver + PostgreSQL, {backend['backend']} {backend['precision']}"
 
 
 if __name__ == "__main__":
