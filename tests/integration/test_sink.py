@@ -58,9 +58,9 @@ def test_batches_are_written_with_their_marks_and_rewrites_change_nothing(databa
     sink.close()
 
 
-def test_records_new_when_planned_are_inserted_and_one_written_since_is_merged(database_url, caplog):
-    """A group of records the planner found nowhere in the table (records_new) goes in by a plain INSERT.
-    When one of them is there after all (another job wrote it since), the INSERT is undone and the merge
+def test_records_new_when_planned_are_copied_in_and_one_written_since_is_merged(database_url, caplog):
+    """A group of records the planner found nowhere in the table (records_new) is copied straight into it.
+    When one of them is there after all (another job wrote it since), the COPY is undone and the merge
     writes the group: the record's text and vector are replaced, and its chunks past its last go."""
     sink = make_sink(database_url)
     run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)

@@ -148,6 +148,9 @@ def test_halfvec_refuses_a_component_beyond_its_range(database_url):
                         now(), vectors=np.full((1, 8), 1e6, dtype=np.float32), worker="w")
     with pytest.raises(JobFailed, match=r"record 'big-one' \(batch big\).*halfvec's range"):
         sink.write(run.run_id, [huge], [])
+    huge.records_new = 1  # copied straight into the vectors table: refused as well, nothing written
+    with pytest.raises(JobFailed, match=r"record 'big-one' \(batch big\).*halfvec's range"):
+        sink.write(run.run_id, [huge], [])
     # Through the writer thread, as the driver writes: the run fails with this reason, not InternalError.
     writer = SinkWriter(sink, run.run_id, RunTally())
     writer.put_outcome(huge)

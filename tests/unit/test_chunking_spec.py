@@ -161,7 +161,7 @@ def test_the_copy_data_has_a_row_per_chunk_with_its_number_offsets_text_and_the_
     vectors = np.arange(3 * (len(chunked.spans) + 1), dtype=np.float32).reshape(-1, 3)
     outcome = BatchOutcome("b", "succeeded", (chunked, whole), [AttemptRow(1, "w", "succeeded", None, now())], now(),
                            vectors=vectors)
-    rows = copy_rows(copy_payload([outcome], b"salt"))
+    rows = copy_rows(b"".join(copy_payload([outcome], b"salt")))
     assert len(rows) == len(chunked.spans) + 1
     def fields(row: dict[str, bytes]) -> tuple:
         number = lambda column: struct.unpack(">i", row[column])[0]  # noqa: E731

@@ -97,12 +97,12 @@ def test_halfvec_copy_data_is_pgvectors_binary_halfvec():
     vectors = np.array([[0.5, -1.25, 3.0e-5]], dtype=np.float32)
     outcome = BatchOutcome("b", "succeeded", (Record(0, "r", "t"),), [AttemptRow(1, "w", "succeeded", None, now())],
                            now(), vectors=vectors)
-    half, full = copy_payload([outcome], b"", "halfvec"), copy_payload([outcome], b"", "vector")
+    half, full = (b"".join(copy_payload([outcome], b"", vector_type)) for vector_type in ("halfvec", "vector"))
     expected = struct.pack(">ihh", 4 + 2 * 3, 3, 0) + vectors.astype(">f2").tobytes()
     assert expected in half and len(full) - len(half) == 2 * 3
     with pytest.raises(JobFailed, match=r"record 'r' \(batch b\): a component is beyond halfvec's range"):
         outcome.vectors = np.array([[1e5, 0, 0]], dtype=np.float32)
-        copy_payload([outcome], b"", "halfvec")
+        b"".join(copy_payload([outcome], b"", "halfvec"))
 
 
 def test_embedjob_run_and_search_refuse_bad_index_options(tmp_path):

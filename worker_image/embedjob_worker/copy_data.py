@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from functools import lru_cache
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,8 +24,8 @@ _COPY_TRAILER = struct.pack(">h", -1)
 _HEX_SHA256 = 64
 # pgvector's binary input of each type: int16 dimensions, int16 unused, then big-endian floats of this dtype.
 _BINARY_DTYPES = {"vector": np.dtype(">f4"), "halfvec": np.dtype(">f2")}
-# The staging table's columns in the order of the COPY data: the fixed-size fields first, so that numpy
-# writes them for a whole batch (_fixed_fields), then the three of variable size.
+# The vectors' columns in the order of the COPY data: the fixed-size fields first, so that numpy writes
+# them for a whole batch (_fixed_fields), then the three of variable size.
 COPY_COLUMNS = ("chunk", "char_start", "char_end", "content_hash", "embedding", "record_id", "text", "batch_id")
 
 
@@ -49,10 +50,13 @@ def content_hash(salt: bytes, text: bytes) -> str:
     return hashlib.sha256(salt + text).hexdigest()
 
 
-def copy_payload(outcomes: list[BatchOutcome], salt: bytes, vector_type: str = "vector") -> bytes:
-    """PostgreSQL binary COPY data for the staging table's COPY_COLUMNS (pgvector's binary `vector` or `halfvec`)."""
+def copy_payload(outcomes: list[BatchOutcome], salt: bytes, vector_type: str = "vector",
+                 same_on_every_row: tuple[str, ...] = ()) -> Iterator[bytes]:
+    """PostgreSQL binary COPY data for COPY_COLUMNS (pgvector's binary `vector` or `halfvec`), then text columns
+    whose values are `same_on_every_row`; a piece per outcome: PostgreSQL reads one while the next is built."""
     component = _BINARY_DTYPES[vector_type]
-    parts = [_COPY_SIGNATURE]
+    constant_fields = b"".join(_sized(value.encode()) for value in same_on_every_row)
+    yield _COPY_SIGNATURE
     for outcome in outcomes:
         with np.errstate(over="ignore"):  # beyond float16's range: inf, refused below
             vectors = np.asarray(outcome.vectors, dtype=component)
@@ -61,7 +65,7 @@ def copy_payload(outcomes: list[BatchOutcome], salt: bytes, vector_type: str = "
             raise JobFailed("VectorOutOfRange", f"record {record.id!r} (batch {outcome.batch_id}): a component is "
                                                 f"beyond halfvec's range (±65504); use vectorType vector")
         batch_id = outcome.batch_id.encode()
-        batch_field = _sized(batch_id)
+        batch_field = _sized(batch_id) + constant_fields
         numbers, starts, ends, hashes, variable = [], [], [], [], []
         for record in outcome.records:
             id_field = _sized(record.id.encode())
@@ -77,17 +81,16 @@ def copy_payload(outcomes: list[BatchOutcome], salt: bytes, vector_type: str = "
                 variable.append(id_field + _sized(text[start:end].encode()) + batch_field)
         count, dim = vectors.shape
         fixed = np.empty(count, _fixed_fields(component, dim))
-        fixed["fields"] = len(COPY_COLUMNS)
+        fixed["fields"] = len(COPY_COLUMNS) + len(same_on_every_row)
         fixed["chunk_size"] = fixed["start_size"] = fixed["end_size"] = 4
         fixed["chunk"], fixed["start"], fixed["end"], fixed["hash"] = numbers, starts, ends, hashes
         fixed["hash_size"] = _HEX_SHA256
         fixed["vector_size"], fixed["dim"], fixed["unused"] = 4 + component.itemsize * dim, dim, 0
         fixed["vector"] = vectors
         rows, width = memoryview(fixed.tobytes()), fixed.itemsize
-        for row, fields in enumerate(variable):
-            parts += (rows[row * width:(row + 1) * width], fields)
-    parts.append(_COPY_TRAILER)
-    return b"".join(parts)
+        yield b"".join(piece for row, fields in enumerate(variable)
+                       for piece in (rows[row * width:(row + 1) * width], fields))
+    yield _COPY_TRAILER
 
 
 def _sized(value: bytes) -> bytes:

@@ -2,8 +2,8 @@
 
 A group of finished batches is written in one transaction: their batch rows (the
 `succeeded` marks), their vectors by binary COPY into a temp staging table and one merge
-into the vectors table, attempt rows, record errors and what they add to the run's
-counters. A crash therefore loses whole batches, never half of one, and a re-run rewrites
+into the vectors table (or straight into it when all their records are new), attempt rows,
+record errors and what they add to the run's counters. A crash therefore loses whole batches, never half of one, and a re-run rewrites
 nothing that is unchanged (the merge skips rows whose content hash is the same).
 
 Several writers may commit groups of one run at once (spec.sink.writers), so a group adds
@@ -40,14 +40,16 @@ _STAGING_DDL = (
     " char_end int4, content_hash text, embedding {vector_type}, text text, batch_id text) ON COMMIT DELETE ROWS"
 )
 _COPY_SQL = f"COPY embedjob_staging_{{vector_type}} ({', '.join(COPY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
-_INSERT_SQL = """
+# New records' vectors straight into the vectors table: COPY_COLUMNS, then the values the sink sets.
+_DIRECT_COPY_SQL = (f'COPY "{{table}}" ({", ".join(COPY_COLUMNS)}, collection, model, revision, job_key)'
+                    " FROM STDIN (FORMAT BINARY)")
+_MERGE_SQL = """
 INSERT INTO "{table}" AS t (collection, record_id, chunk, model, revision, content_hash, embedding, text, char_start,
                             char_end, job_key, batch_id)
 SELECT %(collection)s, s.record_id, s.chunk, %(model)s, %(revision)s, s.content_hash, s.embedding, s.text,
        s.char_start, s.char_end, %(job_key)s, s.batch_id
 FROM embedjob_staging_{vector_type} s
-"""
-_MERGE_SQL = _INSERT_SQL + """ON CONFLICT (collection, record_id, chunk, model, revision) DO UPDATE
+ON CONFLICT (collection, record_id, chunk, model, revision) DO UPDATE
 SET content_hash = excluded.content_hash, embedding = excluded.embedding, text = excluded.text,
     char_start = excluded.char_start, char_end = excluded.char_end, job_key = excluded.job_key,
     batch_id = excluded.batch_id, updated_at = now()
@@ -104,9 +106,9 @@ class PostgresSink:
             raise ValueError(f"vector type {vector_type!r} is not one of {', '.join(db.VECTOR_TYPES)}")
         self.vector_type = vector_type
         self.staging_ddl, self.copy_sql = (sql.format(vector_type=vector_type) for sql in (_STAGING_DDL, _COPY_SQL))
-        self.insert_sql, self.merge_sql, self.drop_stale_chunks_sql = (
+        self.direct_copy_sql, self.merge_sql, self.drop_stale_chunks_sql = (
             sql.format(table=table, vector_type=vector_type)
-            for sql in (_INSERT_SQL, _MERGE_SQL, _DROP_STALE_CHUNKS_SQL))
+            for sql in (_DIRECT_COPY_SQL, _MERGE_SQL, _DROP_STALE_CHUNKS_SQL))
         self.model = self.revision = None  # set by start_run
         self.session: str | None = None  # the driver session that owns the run (start_run); its writes only
         self._job_lock: sa.Connection | None = None  # holds the job's session-level advisory lock
@@ -241,26 +243,32 @@ class PostgresSink:
         return written
 
     def _write_vectors(self, cur: psycopg.Cursor, succeeded: list[BatchOutcome]) -> None:
-        """The vectors of `succeeded`: binary COPY into the staging table, then into the vectors table."""
-        cur.execute(self.staging_ddl)
-        with cur.copy(self.copy_sql) as copy:
-            copy.write(copy_payload(succeeded, self.salt, self.vector_type))
+        """The vectors of `succeeded`, by binary COPY: into the vectors table itself when all their records are new,
+        else into the staging table and merged from there."""
         scope = {"collection": self.collection, "model": self.model, "revision": self.revision}
-        # Records the planner found nowhere in the table (incremental.StoredHashes) go in by a plain INSERT,
-        # about twice as fast as the merge's speculative inserts, and leave no chunks to drop. One that is
-        # there after all (another job wrote it since) fails the INSERT, undone to the savepoint: the merge decides.
+        # Records the planner found nowhere in the table (incremental.StoredHashes) are copied straight in: no
+        # staging table, no speculative inserts, no chunks to drop. One that is there after all (another job
+        # wrote it since) fails the COPY on the primary key, undone to the savepoint: the merge decides.
         if all(o.records_new == len(o.records) for o in succeeded):
             cur.execute("SAVEPOINT embedjob_new_records")
             try:
-                cur.execute(self.insert_sql, {**scope, "job_key": self.job_key})
+                self._copy(cur, self.direct_copy_sql, succeeded, (*scope.values(), self.job_key))
                 cur.execute("RELEASE SAVEPOINT embedjob_new_records")
                 return
             except psycopg.errors.UniqueViolation as error:
                 cur.execute("ROLLBACK TO SAVEPOINT embedjob_new_records")
                 log_event(log, "new_records_already_written", table=self.table,
                           batches=len(succeeded), detail=str(error.diag.message_detail))
+        cur.execute(self.staging_ddl)
+        self._copy(cur, self.copy_sql, succeeded)
         cur.execute(self.merge_sql, {**scope, "job_key": self.job_key})
         cur.execute(self.drop_stale_chunks_sql, scope)
+
+    def _copy(self, cur: psycopg.Cursor, sql: str, outcomes: list[BatchOutcome],
+              same_on_every_row: tuple[str, ...] = ()) -> None:
+        with cur.copy(sql) as copy:
+            for piece in copy_payload(outcomes, self.salt, self.vector_type, same_on_every_row):
+                copy.write(piece)
 
     def _update_run(self, conn: sa.Connection, run_id: str, values: dict) -> sa.Row:
         """The run row, updated (last in a transaction: its row lock is held only until the commit)."""
