@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from functools import lru_cache
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -65,20 +65,18 @@ def copy_payload(outcomes: list[BatchOutcome], salt: bytes, vector_type: str = "
             raise JobFailed("VectorOutOfRange", f"record {record.id!r} (batch {outcome.batch_id}): a component is "
                                                 f"beyond halfvec's range (±65504); use vectorType vector")
         batch_id = outcome.batch_id.encode()
-        batch_field = _sized(batch_id) + constant_fields
+        row_end = _sized(batch_id) + constant_fields  # the batch id and the constant columns
         numbers, starts, ends, hashes, variable = [], [], [], [], []
         for record in outcome.records:
             id_field = _sized(record.id.encode())
             text = record.text
             digest = content_hash(salt, text.encode())  # the record's, on each of its chunks
-            # record.chunks without building a Span for the usual record of one chunk
-            bounds = [(span.start, span.end) for span in record.spans] if record.spans else [(0, len(text))]
-            for number, (start, end) in enumerate(bounds):
+            for number, (start, end) in enumerate(record.chunk_bounds()):
                 numbers.append(number)
                 starts.append(start)
                 ends.append(end)
                 hashes.append(digest)
-                variable.append(id_field + _sized(text[start:end].encode()) + batch_field)
+                variable.append(id_field + _sized(text[start:end].encode()) + row_end)
         count, dim = vectors.shape
         fixed = np.empty(count, _fixed_fields(component, dim))
         fixed["fields"] = len(COPY_COLUMNS) + len(same_on_every_row)

@@ -67,8 +67,12 @@ class Record:
         """Its chunks; without spec.chunking one, 0, over the whole text (its tokens not counted: 0)."""
         return self.spans or (Span(0, len(self.text), 0),)
 
+    def chunk_bounds(self) -> list[tuple[int, int]]:
+        """Each chunk's start and end offsets: `chunks` without building a Span for a record of one chunk."""
+        return [(s.start, s.end) for s in self.spans] if self.spans else [(0, len(self.text))]
+
     def chunk_texts(self) -> list[str]:
-        return [self.text[s.start : s.end] for s in self.spans] if self.spans else [self.text]
+        return [self.text[start:end] for start, end in self.chunk_bounds()]  # the whole text: itself, not a copy
 
 
 def chunk_owners(records: Iterable[Record]) -> list[Record]:
