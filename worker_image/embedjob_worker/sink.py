@@ -3,8 +3,9 @@
 A group of finished batches is written in one transaction: their batch rows (the
 `succeeded` marks), their vectors by binary COPY into a temp staging table and one merge
 into the vectors table (or straight into it when all their records are new), attempt rows,
-record errors and what they add to the run's counters. A crash therefore loses whole batches, never half of one, and a re-run rewrites
-nothing that is unchanged (the merge skips rows whose content hash is the same).
+record errors and what they add to the run's counters. A crash therefore loses whole
+batches, never half of one, and a re-run rewrites nothing that is unchanged (the merge
+skips rows whose content hash is the same).
 
 Several writers may commit groups of one run at once (spec.sink.writers), so a group adds
 its counts to the run row (`n = n + k`) instead of setting them, and commits only while
@@ -252,7 +253,9 @@ class PostgresSink:
         if all(o.records_new == len(o.records) for o in succeeded):
             cur.execute("SAVEPOINT embedjob_new_records")
             try:
-                self._copy(cur, self.direct_copy_sql, succeeded, (*scope.values(), self.job_key))
+                # in _DIRECT_COPY_SQL's order of the columns after COPY_COLUMNS
+                self._copy(cur, self.direct_copy_sql, succeeded,
+                           (self.collection, self.model, self.revision, self.job_key))
                 cur.execute("RELEASE SAVEPOINT embedjob_new_records")
                 return
             except psycopg.errors.UniqueViolation as error:
