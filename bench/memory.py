@@ -1,6 +1,6 @@
 """Peak RSS of the driver as the input grows: its data path alone, or the whole driver.
 
-Default: streams generated JSONL inputs of each size through `embedjob_worker.feed.batches_to_embed`
+Default: streams generated JSONL inputs of each size through `embedjob_worker.plan.feed.batches_to_embed`
 (the same reader, record checks, duplicate-id claims in PostgreSQL and length-sorted
 batcher the driver runs; no model, no Ray: the batches are dropped) in a fresh process per measurement, and reports
 that process's peak RSS.
@@ -56,12 +56,12 @@ def stream(path: str) -> None:
     import pgserver
 
     from embedjob.api import parse_spec
-    from embedjob_worker.copy_data import content_salt
-    from embedjob_worker.feed import batches_to_embed
-    from embedjob_worker.metrics import DriverMetrics
-    from embedjob_worker.seen_ids import SeenIds
-    from embedjob_worker.sink import PostgresSink
-    from embedjob_worker.tally import RunTally
+    from embedjob_worker.sink.copy_data import content_salt
+    from embedjob_worker.plan.feed import batches_to_embed
+    from embedjob_worker.core.metrics import DriverMetrics
+    from embedjob_worker.sink.seen_ids import SeenIds
+    from embedjob_worker.sink.postgres import PostgresSink
+    from embedjob_worker.core.tally import RunTally
 
     spec = parse_spec({"source": {"uri": path}, "model": {"name": "m", "revision": "r"},
                        "sink": {"databaseSecretRef": {"name": "db"}}})

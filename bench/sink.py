@@ -24,10 +24,10 @@ import numpy as np
 import sqlalchemy as sa
 from rounds import report, run_rounds
 
-from embedjob_worker.copy_data import content_salt
-from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
-from embedjob_worker.records import Record
-from embedjob_worker.sink import PostgresSink
+from embedjob_worker.sink.copy_data import content_salt
+from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
+from embedjob_worker.core.records import Record
+from embedjob_worker.sink.postgres import PostgresSink
 
 DIM = 384
 BATCH_ROWS = 64

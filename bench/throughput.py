@@ -40,7 +40,7 @@ def first_records(count: int) -> list[dict]:
 
 
 def model_dir() -> str:
-    from embedjob_worker.model import package_model_dir
+    from embedjob_worker.encode.model import package_model_dir
 
     return str(package_model_dir(MODEL_PACKAGE))
 
@@ -102,8 +102,8 @@ def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Pa
                     workers: dict | None = None, writers: int = 0) -> tuple[float, float]:
     import pgserver
 
-    from embedjob_worker.config import JobConfig
-    from embedjob_worker.run import run_job
+    from embedjob_worker.core.config import JobConfig
+    from embedjob_worker.run.job import run_job
 
     source = workdir / "corpus.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -19,7 +19,7 @@ def build_tiny_model(directory: Path, hidden: int = 32, layers: int = 1, seed: i
     from sentence_transformers import SentenceTransformer, models
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from embedjob_worker.model import package_model_dir
+    from embedjob_worker.encode.model import package_model_dir
 
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(str(package_model_dir(MODEL_PACKAGE)))

@@ -33,8 +33,8 @@ MODEL_LIMIT = 256  # all-MiniLM-L6-v2's max_seq_length, as the tiny model keeps 
 def token_counting(texts: list[str]) -> dict[str, float]:
     """The driver's TokenCounter over `texts`: texts/s (wall) and CPU µs per text (all threads)."""
     from embedjob.api import Model
-    from embedjob_worker.model import resolve_model
-    from embedjob_worker.tokens import TokenCounter
+    from embedjob_worker.encode.model import resolve_model
+    from embedjob_worker.encode.tokens import TokenCounter
 
     counter = TokenCounter(resolve_model(Model(name=MODEL_NAME, package=MODEL_PACKAGE)), MODEL_LIMIT)
     wall, cpu = time.perf_counter(), time.process_time()

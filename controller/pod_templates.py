@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from embedjob.api_base import ApiModel
+from embedjob.api import ApiModel
 
 MERGE_KEYS = {"containers": "name", "volumes": "name", "env": "name", "imagePullSecrets": "name",
               "volumeMounts": "mountPath"}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from embedjob import api
-from embedjob.api_pods import HEAD_CONTAINER, WORKER_CONTAINER
+from embedjob.api import HEAD_CONTAINER, WORKER_CONTAINER
 from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, driver_command
 
 from .pod_templates import pod_template, submitter_template

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 from kubernetes.client.exceptions import ApiException
 
-from . import acceptance, metrics, queueing, status, waiting
+from . import acceptance, events, metrics, queueing, status, waiting
 from .acceptance import ACCEPTED, Verdict
 from .kube import CONFLICT, KubeApi
 from .metrics import JobStates
@@ -163,7 +163,7 @@ async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str
 
 
 async def sync_status(job: dict[str, Any], current: dict[str, Any], obs: status.Observation,
-                      ctx: Context) -> tuple[dict[str, Any], list[status.Transition]]:
+                      ctx: Context) -> tuple[dict[str, Any], list[events.Transition]]:
     """Write what changed in the status; return the status now stored and the transitions."""
     desired = status.desired_status(current, obs)
     if desired is None:
@@ -173,7 +173,7 @@ async def sync_status(job: dict[str, Any], current: dict[str, Any], obs: status.
         return current, []
     meta = job["metadata"]
     stored = await ctx.kube.patch_job_status(meta["namespace"], meta["name"], patch)
-    return stored, status.transitions(current, desired)
+    return stored, events.transitions(current, desired)
 
 
 class StatusKeeper:
@@ -185,7 +185,7 @@ class StatusKeeper:
     wrote last is fresher than the watched one, which may not have caught up yet.
     """
 
-    def __init__(self, ctx: Context, emit: Callable[[dict[str, Any], status.Transition], None] | None = None):
+    def __init__(self, ctx: Context, emit: Callable[[dict[str, Any], events.Transition], None] | None = None):
         """`emit(job, transition)`: announce a transition; by default an Event on the job."""
         self._ctx, self._emit = ctx, emit or self._post_event
         self._posting: set[asyncio.Task] = set()
@@ -241,17 +241,17 @@ class StatusKeeper:
                     return False
                 raise
             self._verdicts[meta["uid"]], self._written[meta["uid"]] = ACCEPTED, stored
-            for change in status.transitions(current, desired):
+            for change in events.transitions(current, desired):
                 self._emit(job, change)
             return True
 
-    def _post_event(self, job: dict[str, Any], change: status.Transition) -> None:
+    def _post_event(self, job: dict[str, Any], change: events.Transition) -> None:
         """Post the transition's Event beside the sync, which never waits on it."""
         task = asyncio.get_running_loop().create_task(self._post(job["metadata"], change))
         self._posting.add(task)
         task.add_done_callback(self._posting.discard)
 
-    async def _post(self, meta: dict[str, Any], change: status.Transition) -> None:
+    async def _post(self, meta: dict[str, Any], change: events.Transition) -> None:
         try:
             await self._ctx.kube.post_job_event(meta["namespace"], meta["name"], meta["uid"], change.reason,
                                                 f"{change.type} is {change.status}: {change.message}",

@@ -17,7 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from embedjob.api import DNS_LABEL, SpecError
-from embedjob.api_pods import PodDefaults
+from embedjob.api import PodDefaults
 from embedjob.contract import DATABASE_URL_ENV, POOL_LEASE_EXPIRY_SECONDS
 
 POD_DEFAULTS_ENV = "EMBEDJOB_POD_DEFAULTS"
@@ -101,7 +101,7 @@ class Settings:
             retry_delay_seconds=number("EMBEDJOB_RETRY_DELAY_SECONDS", 30.0, 0.1),
             pool_idle_seconds=number("EMBEDJOB_POOL_IDLE_SECONDS", 600.0, 0),
             pool_sweep_seconds=number("EMBEDJOB_POOL_SWEEP_SECONDS", 60.0, 0.1),
-            # Drivers heartbeat every 5 s; a minute of silence is a dead driver, not a slow one.
+            # Drivers heartbeat every HEARTBEAT_S; a minute of silence is a dead driver, not a slow one.
             pool_lease_expiry_seconds=number("EMBEDJOB_POOL_LEASE_EXPIRY_SECONDS", POOL_LEASE_EXPIRY_SECONDS, 1),
             pod_defaults=pod_defaults_from_env(env),
             default_queue_name=default_queue,

@@ -6,10 +6,8 @@ while the job has not started, what it waits for (`controller.waiting`); the con
 follow from it with the Kubernetes conventions: `lastTransitionTime`
 changes only when a condition's status changes, `observedGeneration` is always set.
 Complete and Failed are final: later changes of the RayJob (its TTL, a deletion)
-do not reopen a finished job.
-
-The status is built through the status model (`embedjob.api_status`) and returned in
-its wire form, so it cannot hold a field the CRD does not declare.
+do not reopen a finished job. Built through the status model (`embedjob.api_status`), in its
+wire form, so it cannot hold a field the CRD does not declare. Its Events: `controller.events`.
 """
 
 from __future__ import annotations
@@ -60,26 +58,6 @@ class Observation:
     now: str  # RFC 3339, UTC
     rayjob_deleted: bool = False  # it existed (status.rayJobName) and the API server confirms it is gone
     waiting: Waiting | None = None  # what a job not started yet waits for (its RayCluster and pods)
-
-
-@dataclass(frozen=True)
-class Transition:
-    """A condition that changed: one Kubernetes Event."""
-
-    type: str
-    status: str
-    reason: str
-    message: str
-
-    @property
-    def warning(self) -> bool:
-        refused_or_failed = (self.type, self.status) in (("Failed", "True"), ("Accepted", "False"))
-        return refused_or_failed or stuck(self.type, self.status, self.reason)
-
-
-def stuck(type_: str, status_: str, reason: str) -> bool:
-    """A Running=False condition whose reason says the job's pods cannot start."""
-    return (type_, status_) == ("Running", "False") and reason in STUCK_REASONS
 
 
 def _short(text: str | None, limit: int = MAX_MESSAGE) -> str:
@@ -311,21 +289,6 @@ def desired_status(current: dict[str, Any], obs: Observation) -> dict[str, Any] 
 def status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
     """A JSON merge patch of the status: the top-level fields that differ (None deletes)."""
     return {key: desired.get(key) for key in current.keys() | desired.keys() if current.get(key) != desired.get(key)}
-
-
-def transitions(current: dict[str, Any], desired: dict[str, Any]) -> list[Transition]:
-    """Conditions that became True, and a new reason to refuse the job or why its pods cannot
-    start: one Event each."""
-    out = []
-    for cond in desired.get("conditions", []):
-        old = find_condition(current, cond["type"]) or {}
-        became_true = cond["status"] == "True" and old.get("status") != "True"
-        new_reason = (old.get("status"), old.get("reason")) != ("False", cond["reason"])
-        refused_anew = (cond["type"], cond["status"]) == ("Accepted", "False") and new_reason
-        stuck_anew = stuck(cond["type"], cond["status"], cond["reason"]) and new_reason
-        if became_true or refused_anew or stuck_anew:
-            out.append(Transition(cond["type"], cond["status"], cond["reason"], cond["message"]))
-    return out
 
 
 def accepted(status: dict[str, Any]) -> bool:

@@ -19,11 +19,26 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
+from .api_base import DNS_LABEL, DNS_SUBDOMAIN
 from .api_rules import LABEL_KEY, LABEL_VALUE, cel
-from .api_pods import Head
-from .api_model import HALF_PRECISIONS, Model
+from .api_pod_volumes import RESERVED_ENV_PREFIX
+from .api_pods import HEAD_CONTAINER, WORKER_CONTAINER, Head, PodDefaults
+from .api_model import HALF_PRECISIONS, Model, ModelBackend, ModelPrecision
 from .api_sections import ApiModel, Batching, Chunking, Retry, Source, Sync, Workers
-from .api_sink import Sink
+from .api_sink import HNSW_DEFAULT_EF_CONSTRUCTION, HNSW_DEFAULT_M, IndexType, Sink, VectorIndex
+from .api_table import NULL_OPS, SOURCE_IDENTIFIER, SourceTable, TableFilter
+
+# The facade: what the operator, the driver and the CLI import, from here (the status model is
+# embedjob.api_status; the modules behind this one are the API's own building blocks).
+__all__ = [
+    "API_VERSION", "DEFAULT_TTL_SECONDS_AFTER_FINISHED", "DNS_LABEL", "DNS_SUBDOMAIN", "GROUP", "HALF_NEEDS_GPU",
+    "HALF_PRECISIONS", "HEAD_CONTAINER", "HNSW_DEFAULT_EF_CONSTRUCTION", "HNSW_DEFAULT_M", "KIND", "NULL_OPS",
+    "PLURAL", "RAY_CLUSTER_SELECTOR_KEY", "RESERVED_ENV_PREFIX", "SHORT_NAMES", "SINGULAR", "SOURCE_IDENTIFIER",
+    "VERSION", "WORKER_CONTAINER", "CHUNK_WITHIN_MODEL", "OVERLAP_WITHIN_MODEL",
+    "ApiModel", "Batching", "Chunking", "EmbeddingJobSpec", "Head", "IndexType", "Model", "ModelBackend",
+    "ModelPrecision", "PodDefaults", "Retry", "RunCounters", "Sink", "Source", "SourceTable", "SpecError", "Sync",
+    "TableFilter", "VectorIndex", "Workers", "parse_spec",
+]
 
 GROUP = "embedjob.dev"
 VERSION = "v1alpha1"
@@ -40,10 +55,6 @@ DEFAULT_TTL_SECONDS_AFTER_FINISHED = 600
 
 # KubeRay selects the cluster of a RayJob by this label (utils.RayJobClusterSelectorKey).
 RAY_CLUSTER_SELECTOR_KEY = "ray.io/cluster"
-# A Kueue LocalQueue name (a label value on the RayJob: at most 63 characters).
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-# A Kueue WorkloadPriorityClass name, also carried as a label value.
-DNS_SUBDOMAIN_LABEL_VALUE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 HALF_NEEDS_GPU = "model.precision float16/bfloat16 runs on a GPU: set workers.gpusPerActor above 0"
 # (CEL rule, message): a chunk the model would truncate is never planned (EmbeddingJobSpec checks the same).
 CHUNK_WITHIN_MODEL = (
@@ -167,7 +178,7 @@ class EmbeddingJobSpec(ApiModel):
         "(docs/kueue.md). Unset: the operator's default queue (chart value defaultQueueName), if any.",
     )
     workload_priority_class: str | None = Field(
-        None, min_length=1, max_length=63, pattern=DNS_SUBDOMAIN_LABEL_VALUE,
+        None, min_length=1, max_length=63, pattern=DNS_SUBDOMAIN,
         description="A Kueue WorkloadPriorityClass for the job in its queue (label kueue.x-k8s.io/priority-class): "
         "it orders the queue and lets a job preempt lower-priority ones.",
     )

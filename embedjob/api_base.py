@@ -9,8 +9,11 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-# Kubernetes names used as identifiers (Secret names, keys, labels).
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+# Kubernetes names (RFC 1123), the one home of these patterns: a label (namespace, volume, queue
+# names; at most 63 characters) and a subdomain, labels joined by dots (object names; at most 253).
+_LABEL_BODY = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_LABEL = rf"^{_LABEL_BODY}$"
+DNS_SUBDOMAIN = rf"^{_LABEL_BODY}(\.{_LABEL_BODY})*$"
 SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
 # A SQL identifier we are willing to interpolate (quoted) into DDL.
 SQL_IDENTIFIER = r"^[a-z_][a-z0-9_]{0,62}$"

@@ -12,10 +12,10 @@ from typing import Annotated
 
 from pydantic import Field
 
-from .api_pod_rules import DNS_LABEL, LABEL_KEY_MAX, MAX_LIST, MAX_MAP, ObjectRule, RuledModel, field_rule, \
+from .api_pod_rules import LABEL_KEY_MAX, MAX_LIST, MAX_MAP, ObjectRule, RuledModel, field_rule, \
     label_map_rule
 from .api_rules import LABEL_KEY, LABEL_VALUE
-from .api_base import ApiModel
+from .api_base import DNS_LABEL, ApiModel
 
 LabelKey = Annotated[str, Field(min_length=1, max_length=LABEL_KEY_MAX, pattern=LABEL_KEY)]
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]

@@ -20,7 +20,6 @@ from .api_base import ApiModel
 from .api_rules import LABEL_KEY, FieldRule, cel
 
 # A DNS-1123 label (volume names, namespaces).
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A label key's prefix (253) and name (63) and the slash.
 LABEL_KEY_MAX = 317
 # Kubernetes resource.Quantity, without a sign: 500m, 2Gi, 1.5, 1e3.

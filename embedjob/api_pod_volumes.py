@@ -13,8 +13,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from .api_base import DNS_SUBDOMAIN, SECRET_KEY, ApiModel
-from .api_pod_rules import DNS_LABEL, MAX_LIST, MAX_MAP, NO_NUL, QUANTITY, ObjectRule, RuledModel, field_rule, \
+from .api_base import DNS_LABEL, DNS_SUBDOMAIN, SECRET_KEY, ApiModel
+from .api_pod_rules import MAX_LIST, MAX_MAP, NO_NUL, QUANTITY, ObjectRule, RuledModel, field_rule, \
     one_of, quantity_value
 from .api_rules import FieldRule
 

@@ -2,7 +2,7 @@
 
 Every identifier matches SOURCE_IDENTIFIER and is quoted when used; a filter is a list of
 `column op value` conditions from a fixed set of operators, combined with AND, whose
-values the driver binds as query parameters (embedjob_worker.table_source builds the SQL).
+values the driver binds as query parameters (embedjob_worker.source.table builds the SQL).
 """
 
 from __future__ import annotations

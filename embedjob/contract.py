@@ -31,7 +31,7 @@ CONFIG_FLAG = "--config-b64"
 DATABASE_URL_ENV = "EMBEDJOB_DATABASE_URL"
 # A table source's own database (spec.source.databaseSecretRef); unset: the sink's.
 SOURCE_DATABASE_URL_ENV = "EMBEDJOB_SOURCE_DATABASE_URL"
-# Test hook: JSON handed to every EmbeddingWorker actor (see embedjob_worker.actors).
+# Test hook: JSON handed to every EmbeddingWorker actor (see embedjob_worker.encode.actors).
 FAULT_INJECTION_ENV = "EMBEDJOB_FAULT_INJECTION"
 
 
@@ -45,9 +45,13 @@ class ExitCode(IntEnum):
     DATABASE_UNREACHABLE = 4
 
 
+# A live driver refreshes heartbeat_at (its run row, its pool lease) at least this often; the operator
+# takes a run or lease whose heartbeat is many of these old as a dead driver's.
+HEARTBEAT_S = 5.0
+
 # A pool lease whose heartbeat is older than this is not live: the operator's default
 # (EMBEDJOB_POOL_LEASE_EXPIRY_SECONDS), and how long a driver goes on without getting a
-# heartbeat through before it counts its lease lost (embedjob_worker.lease).
+# heartbeat through before it counts its lease lost (embedjob_worker.encode.lease).
 POOL_LEASE_EXPIRY_SECONDS = 60.0
 
 # The status reason for an exit code that leaves no run row to read the reason from.

@@ -65,7 +65,7 @@ runs = sa.Table(
     # a refused re-run names the fields that changed; NULL for runs older than migration 0003.
     sa.Column("identity", postgresql.JSONB),
     # The input input_fingerprint identifies (uri, size, modified, content: sha256 or the
-    # store's stamp; embedjob_worker.snapshot), for the refusal's message; NULL before 0006.
+    # store's stamp; embedjob_worker.source.snapshot), for the refusal's message; NULL before 0006.
     sa.Column("input", postgresql.JSONB),
     sa.Column("state", sa.String(16), nullable=False),  # running | succeeded | failed
     # The run's counters: one column per field of api.RunCounters (tests/test_db.py checks),

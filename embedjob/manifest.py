@@ -15,12 +15,12 @@ from typing import Any
 import yaml
 
 from embedjob.api import API_VERSION, KIND, SpecError
+from embedjob.api_base import DNS_LABEL, DNS_SUBDOMAIN
 
 # What the API server accepts as a custom resource's name (an RFC 1123 subdomain) and as
 # a namespace (an RFC 1123 label); a local run refuses what a cluster would.
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
-_LABEL = re.compile(_DNS_LABEL)
+_SUBDOMAIN = re.compile(DNS_SUBDOMAIN)
+_LABEL = re.compile(DNS_LABEL)
 
 
 def _name_problem(value: Any, pattern: re.Pattern, limit: int, rule: str) -> str | None:

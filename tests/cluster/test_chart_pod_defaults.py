@@ -9,7 +9,7 @@ import pytest
 
 from controller.pod_templates import wire
 from controller.settings import POD_DEFAULTS_ENV, Settings
-from embedjob.api_pods import PodDefaults
+from embedjob.api import PodDefaults
 from support.chart import RELEASE, assert_refused, container_env, helm, render_chart, values_args
 from support.manifests import quickstart_rayjob
 from support.paths import CHART

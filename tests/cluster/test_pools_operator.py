@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from embedjob import db
 from embedjob.contract import DATABASE_URL_ENV
-from embedjob_worker.pools import pool_actor_name
+from embedjob_worker.core.actor_names import pool_actor_name
 from plugins.operator_process import namespaced_grant
 from support.kubectl import apply_job, create_database_secret, events_for, get_json, wait_for_condition
 from support.polling import wait_until

@@ -27,7 +27,7 @@ from support.paths import CHART, SAMPLE
 from support.project import pinned_ray_version
 from support.real_path import MODEL, PodWatcher, diagnostics, wait_complete
 from support.sql import query
-from embedjob_worker.model import load_model, resolve_model
+from embedjob_worker.encode.model import load_model, resolve_model
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 RECORDS = 40

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from embedjob import api
-from embedjob_worker.model import load_model, resolve_model
+from embedjob_worker.encode.model import load_model, resolve_model
 from support.driver_crash import committed_batches, dispatched_batches
 from support.kubectl import apply_job, condition, get_json, rayjobs
 from support.kueue import (WorkloadLog, apply_kueue_objects, job_status, preempted_rayjob, queue_spec, wait_state,

@@ -27,7 +27,7 @@ import pytest
 from controller.rayjob import build_rayjob
 from controller.settings import Settings
 from embedjob import api
-from embedjob_worker.pools import pool_actor_name
+from embedjob_worker.core.actor_names import pool_actor_name
 from support.kubectl import apply_job, create_database_secret, events_for, get_json
 from support.manifests import MINIMAL_SPEC, merged
 from support.polling import wait_until

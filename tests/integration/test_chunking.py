@@ -10,17 +10,18 @@ import pytest
 import sqlalchemy as sa
 
 from support.driver_crash import kill_driver_after
-from support.driver_jobs import corpus_lines, manifest, write_input
+from support.corpus import corpus_lines
+from support.driver_jobs import manifest, write_input
 from support.sql import query
-from embedjob_worker.chunking import Chunker
-from embedjob_worker.config import JobConfig
-from embedjob_worker.errors import JobFailed
-from embedjob_worker.model import load_model, resolve_model
-from embedjob_worker.run import DriverOptions, run_job
-from embedjob_worker.search import nearest
-from embedjob_worker.tokens import load_tokenizer
-from embedjob_worker.vector_index import metric_for
-from embedjob_worker.vectors_table import upgrade_vectors_table
+from embedjob_worker.plan.chunking import Chunker
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.encode.model import load_model, resolve_model
+from embedjob_worker.run.job import DriverOptions, run_job
+from embedjob_cli.search import nearest
+from embedjob_worker.encode.tokens import load_tokenizer
+from embedjob_worker.sink.vector_index import metric_for
+from embedjob_worker.sink.vectors_table import upgrade_vectors_table
 
 pytestmark = pytest.mark.slow
 

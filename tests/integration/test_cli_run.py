@@ -8,18 +8,17 @@ import shutil
 import pytest
 import yaml
 
-from embedjob_worker.snapshot import input_snapshot
+from embedjob_worker.source.snapshot import input_snapshot
 from support.cli import EMBEDJOB, manifest, run
-from support.driver_jobs import corpus_lines, write_input
+from support.corpus import corpus_lines
+from support.driver_jobs import write_input
 from support.manifests import merged
-from support.paths import CORPUS
 from support.sql import query
 
 
 @pytest.mark.slow
 def test_embedjob_run_then_search(tmp_path, database_url):
-    with CORPUS.open() as f:
-        (tmp_path / "peps.jsonl").write_text("".join(line for _, line in zip(range(200), f)))
+    write_input(tmp_path / "peps.jsonl", corpus_lines(0, 200))
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(manifest("peps.jsonl")))  # relative to the manifest's directory
     result = run([*EMBEDJOB, "run", str(path), "--database-url", database_url])

@@ -10,15 +10,17 @@ import ray
 
 from support.net import free_port
 from support.driver_crash import kill_driver_after, succeeded_batches
-from support.driver_jobs import corpus_lines, manifest, write_input
+from support.corpus import corpus_lines
+from support.driver_jobs import manifest, write_input
 from support.polling import wait_until
 from support.sql import query
-from embedjob_worker.config import JobConfig
-from embedjob_worker.metrics import DriverMetrics
-from embedjob_worker.records import Record, classify_records
-from embedjob_worker.run import DriverOptions, run_job
-from embedjob_worker.source import read_records
-from embedjob_worker.workers import worker_actor_name
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.core.metrics import DriverMetrics
+from embedjob_worker.core.records import Record
+from embedjob_worker.plan.checks import classify_records
+from embedjob_worker.run.job import DriverOptions, run_job
+from embedjob_worker.source.files import read_records
+from embedjob_worker.core.actor_names import worker_actor_name
 
 pytestmark = pytest.mark.slow
 

@@ -4,10 +4,11 @@ import threading
 
 import pytest
 
-from embedjob_worker import feed
-from embedjob_worker.config import JobConfig
-from embedjob_worker.run import DriverOptions, run_job
-from support.driver_jobs import corpus_lines, manifest, write_input
+from embedjob_worker.plan import feed
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.run.job import DriverOptions, run_job
+from support.corpus import corpus_lines
+from support.driver_jobs import manifest, write_input
 from support.hostile import OK, hostile_jsonl_bytes, hostile_jsonl_entries
 from support.manifests import merged
 from support.polling import wait_until

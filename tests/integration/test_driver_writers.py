@@ -13,13 +13,14 @@ import pytest
 import ray
 
 from support.driver_crash import kill_driver_after, succeeded_batches
-from support.driver_jobs import corpus_lines, manifest, write_input
+from support.corpus import corpus_lines
+from support.driver_jobs import manifest, write_input
 from support.manifests import merged
 from support.polling import wait_until
 from support.sql import query
-from embedjob_worker.config import JobConfig
-from embedjob_worker.run import run_job
-from embedjob_worker.workers import worker_actor_name
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.run.job import run_job
+from embedjob_worker.core.actor_names import worker_actor_name
 
 pytestmark = pytest.mark.slow
 

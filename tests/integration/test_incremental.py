@@ -4,10 +4,11 @@ import json
 
 import pytest
 
-from support.driver_jobs import corpus_lines, manifest, write_input
+from support.corpus import corpus_lines
+from support.driver_jobs import manifest, write_input
 from support.sql import query
-from embedjob_worker.config import JobConfig
-from embedjob_worker.run import DriverOptions, run_job
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.run.job import DriverOptions, run_job
 
 pytestmark = pytest.mark.slow
 

@@ -8,10 +8,11 @@ import pytest
 import yaml
 
 from embedjob.api import parse_spec
-from embedjob_worker.exported import export_model
-from embedjob_worker.model import check_backend_installed, load_model, resolve_model
+from embedjob_worker.encode.exported import export_model
+from embedjob_worker.encode.model import check_backend_installed, load_model, resolve_model
 from support.cli import EMBEDJOB, manifest, run
-from support.driver_jobs import corpus_lines, write_input
+from support.corpus import corpus_lines
+from support.driver_jobs import write_input
 from support.manifests import merged
 from support.sql import query
 

@@ -17,10 +17,10 @@ import sqlalchemy as sa
 from controller.pool_leases import LeaseStore
 from embedjob import db
 from embedjob.contract import pool_removal_command
-from embedjob_worker.config import JobConfig
-from embedjob_worker.errors import JobFailed
-from embedjob_worker.lease import LEASE_LOST, PoolLease
-from embedjob_worker.pools import pool_actor_name
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.encode.lease import LEASE_LOST, PoolLease
+from embedjob_worker.core.actor_names import pool_actor_name
 from support.polling import wait_until
 from support.pools import PACKAGED_MODEL, SHARED_CLUSTER, other_revision_model, sample_input, shared_job
 from support.sql import query

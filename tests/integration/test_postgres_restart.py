@@ -9,14 +9,16 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from embedjob_worker.config import JobConfig
-from embedjob_worker.copy_data import content_salt
-from embedjob_worker.records import Record, classify_records
-from embedjob_worker.run import run_job
-from embedjob_worker.seen_ids import SeenIds
-from embedjob_worker.sink import PostgresSink
-from embedjob_worker.source import read_records
-from support.driver_jobs import corpus_lines, manifest, write_input
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.sink.copy_data import content_salt
+from embedjob_worker.core.records import Record
+from embedjob_worker.plan.checks import classify_records
+from embedjob_worker.run.job import run_job
+from embedjob_worker.sink.seen_ids import SeenIds
+from embedjob_worker.sink.postgres import PostgresSink
+from embedjob_worker.source.files import read_records
+from support.corpus import corpus_lines
+from support.driver_jobs import manifest, write_input
 from support.polling import wait_until
 from support.sql import query
 

@@ -1,9 +1,10 @@
-"""Duplicate ids decided by PostgreSQL (embedjob_worker.seen_ids) agree with the in-memory rule, also on resume."""
+"""Duplicate ids decided by PostgreSQL (embedjob_worker.sink.seen_ids) agree with the in-memory rule, also on resume."""
 
-from embedjob_worker.copy_data import content_salt
-from embedjob_worker.records import RawRecord, classify_records
-from embedjob_worker.seen_ids import SeenIds
-from embedjob_worker.sink import PostgresSink
+from embedjob_worker.sink.copy_data import content_salt
+from embedjob_worker.core.records import RawRecord
+from embedjob_worker.plan.checks import classify_records
+from embedjob_worker.sink.seen_ids import SeenIds
+from embedjob_worker.sink.postgres import PostgresSink
 from support.sql import query
 
 

@@ -7,11 +7,11 @@ import pytest
 import sqlalchemy as sa
 
 from support.sql import query
-from embedjob_worker.copy_data import content_salt
-from embedjob_worker.errors import JobFailed
-from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
-from embedjob_worker.records import BadReason, BadRecord, Record, Span
-from embedjob_worker.sink import PostgresSink
+from embedjob_worker.sink.copy_data import content_salt
+from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
+from embedjob_worker.core.records import BadReason, BadRecord, Record, Span
+from embedjob_worker.sink.postgres import PostgresSink
 
 DIM = 4
 
@@ -69,7 +69,7 @@ def test_records_new_when_planned_are_copied_in_and_one_written_since_is_merged(
                          [AttemptRow(1, "w", "succeeded", None, now())], now(),
                          vectors=np.ones((3, DIM), dtype=np.float32), worker="w", records_new=1)
     rows = lambda: query(database_url, "SELECT record_id, chunk, text FROM vectors ORDER BY 1, 2")  # noqa: E731
-    with caplog.at_level(logging.INFO, logger="embedjob_worker.sink"):
+    with caplog.at_level(logging.INFO, logger="embedjob_worker.sink.postgres"):
         sink.write(run.run_id, [three], [])
         assert rows() == [("a", 0, "alpha"), ("a", 1, "beta"), ("a", 2, "gamma")]
         assert not [r for r in caplog.records if r.msg == "new_records_already_written"]
@@ -180,8 +180,8 @@ def test_drivers_starting_together_create_the_vectors_table_once(database_url):
 def test_a_connection_dropped_mid_write_is_retried_and_writes_each_row_once(database_url):
     """PostgreSQL ends the writing session in the middle of a batch's transaction (a
     trigger terminates its own backend, once: sequences ignore rollbacks)."""
-    from embedjob_worker.tally import RunTally
-    from embedjob_worker.writer import SinkWriter
+    from embedjob_worker.core.tally import RunTally
+    from embedjob_worker.sink.writer import SinkWriter
 
     sink = make_sink(database_url)
     run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)

@@ -11,10 +11,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from embedjob_worker.copy_data import content_salt
-from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
-from embedjob_worker.seen_ids import SeenIds
-from embedjob_worker.sink import PostgresSink
+from embedjob_worker.sink.copy_data import content_salt
+from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
+from embedjob_worker.sink.seen_ids import SeenIds
+from embedjob_worker.sink.postgres import PostgresSink
 from support.generated_records import INPUTS, check_outcome, csv_records, expected_embedded, feed, write_csv, \
     write_jsonl
 from support.sql import query

@@ -10,14 +10,14 @@ import yaml
 
 from support.cli import EMBEDJOB
 from support.driver_crash import kill_driver_after, other_sessions
-from support.driver_jobs import corpus_lines
+from support.corpus import corpus_lines
 from support.paths import REPO, SAMPLE
 from support.polling import wait_until
 from support.sql import query
-from embedjob_worker.config import JobConfig
-from embedjob_worker.run import DriverOptions, run_job
-from embedjob_worker.table_source import equal_ids_adjacent, read_table_records
-from embedjob.api_table import SourceTable
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.run.job import DriverOptions, run_job
+from embedjob_worker.source.table import equal_ids_adjacent, read_table_records
+from embedjob.api import SourceTable
 
 pytestmark = pytest.mark.slow
 

@@ -6,14 +6,16 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from support.driver_jobs import corpus_lines, manifest, write_input
+from support.corpus import corpus_lines
+from support.driver_jobs import manifest, write_input
 from support.sql import query
 from support.tenant_roles import tenant
-from embedjob_worker.config import JobConfig
-from embedjob_worker.model import load_model, resolve_model
-from embedjob_worker.records import Record, classify_records
-from embedjob_worker.run import run_job
-from embedjob_worker.source import read_records
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.encode.model import load_model, resolve_model
+from embedjob_worker.core.records import Record
+from embedjob_worker.plan.checks import classify_records
+from embedjob_worker.run.job import run_job
+from embedjob_worker.source.files import read_records
 
 pytestmark = pytest.mark.slow
 

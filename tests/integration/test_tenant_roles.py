@@ -13,11 +13,12 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from controller.run_reader import RunReader
 from embedjob import db, tenants
-from embedjob_worker.config import JobConfig
-from embedjob_worker.copy_data import content_salt
-from embedjob_worker.run import run_job
-from embedjob_worker.sink import PostgresSink
-from support.driver_jobs import corpus_lines, manifest, write_input
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.sink.copy_data import content_salt
+from embedjob_worker.run.job import run_job
+from embedjob_worker.sink.postgres import PostgresSink
+from support.corpus import corpus_lines
+from support.driver_jobs import manifest, write_input
 from support.tenant_roles import Tenant, as_role, create_role, tenant
 
 RLS_REFUSED = "new row violates row-level security policy"

@@ -7,15 +7,17 @@ import numpy as np
 import pytest
 
 from support.driver_crash import kill_driver_after
-from support.driver_jobs import corpus_lines, manifest, write_input
+from support.corpus import corpus_lines
+from support.driver_jobs import manifest, write_input
 from support.sql import query
-from embedjob_worker.batching import make_batches
-from embedjob_worker.config import JobConfig
-from embedjob_worker.model import load_model, resolve_model
-from embedjob_worker.records import Record, classify_records
-from embedjob_worker.run import DriverOptions, run_job
-from embedjob_worker.source import read_records
-from embedjob_worker.tokens import TokenCounter, token_budget
+from embedjob_worker.plan.batching import make_batches
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.encode.model import load_model, resolve_model
+from embedjob_worker.core.records import Record
+from embedjob_worker.plan.checks import classify_records
+from embedjob_worker.run.job import DriverOptions, run_job
+from embedjob_worker.source.files import read_records
+from embedjob_worker.encode.tokens import TokenCounter, token_budget
 
 pytestmark = pytest.mark.slow
 MODEL_LIMIT = 256  # the packaged all-MiniLM-L6-v2's max_seq_length

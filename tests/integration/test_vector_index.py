@@ -5,16 +5,16 @@ import pytest
 import sqlalchemy as sa
 
 from support.sql import query
-from embedjob.api_sink import VectorIndex
-from embedjob_worker.copy_data import content_salt
-from embedjob_worker.errors import JobFailed
-from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
-from embedjob_worker.records import Record
-from embedjob_worker.search import nearest, vector_literal
-from embedjob_worker.sink import PostgresSink
-from embedjob_worker.tally import RunTally
-from embedjob_worker.vector_index import COSINE, INNER_PRODUCT, ensure_index, index_name
-from embedjob_worker.writer import SinkWriter
+from embedjob.api import VectorIndex
+from embedjob_worker.sink.copy_data import content_salt
+from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
+from embedjob_worker.core.records import Record
+from embedjob_cli.search import nearest, vector_literal
+from embedjob_worker.sink.postgres import PostgresSink
+from embedjob_worker.core.tally import RunTally
+from embedjob_worker.sink.vector_index import COSINE, INNER_PRODUCT, ensure_index, index_name
+from embedjob_worker.sink.writer import SinkWriter
 
 HNSW = VectorIndex(type="hnsw")
 
@@ -187,8 +187,8 @@ def test_an_existing_index_is_found_not_rebuilt_and_other_parameters_are_reporte
 
 
 def test_embedjob_run_index_option_overrides_the_manifest_keeping_its_parameters():
-    from embedjob_worker.cli import _with_index  # imports Ray: not in the unit tier
-    from embedjob_worker.config import JobConfig
+    from embedjob_cli.main import _with_index  # imports Ray: not in the unit tier
+    from embedjob_worker.core.config import JobConfig
     from support.cli import manifest
     from support.manifests import merged
 

@@ -6,14 +6,15 @@ import sqlalchemy as sa
 import yaml
 
 from support.cli import EMBEDJOB, manifest as cli_manifest, run
-from support.driver_jobs import corpus_lines, manifest, write_input
+from support.corpus import corpus_lines
+from support.driver_jobs import manifest, write_input
 from support.manifests import merged
 from support.sql import query
 from embedjob import db
-from embedjob_worker.config import JobConfig
-from embedjob_worker.run import run_job
-from embedjob_worker.search import nearest
-from embedjob_worker.vector_index import INNER_PRODUCT
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.run.job import run_job
+from embedjob_cli.search import nearest
+from embedjob_worker.sink.vector_index import INNER_PRODUCT
 
 pytestmark = pytest.mark.slow
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-EMBEDJOB = [sys.executable, "-c", "import sys; from embedjob_worker.cli import main; sys.exit(main())"]
+EMBEDJOB = [sys.executable, "-c", "import sys; from embedjob_cli.main import main; sys.exit(main())"]
 DRIVER = [sys.executable, "-m", "embedjob_worker.driver"]
 
 

@@ -2,13 +2,6 @@
 
 from pathlib import Path
 
-from support.paths import CORPUS
-
-
-def corpus_lines(start: int, count: int) -> list[bytes]:
-    with CORPUS.open("rb") as f:
-        return [line for i, line in enumerate(f) if start <= i < start + count]
-
 
 def write_input(path: Path, lines: list[bytes]) -> Path:
     path.write_bytes(b"".join(line.rstrip(b"\n") + b"\n" for line in lines))

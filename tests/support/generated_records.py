@@ -19,11 +19,12 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from embedjob.api import parse_spec
-from embedjob_worker.batching import Batch
-from embedjob_worker.feed import batches_to_embed
-from embedjob_worker.metrics import DriverMetrics
-from embedjob_worker.records import MAX_ID_BYTES, BadReason, BadRecord, IdRegistry, Record
-from embedjob_worker.tally import RunTally
+from embedjob_worker.plan.batching import Batch
+from embedjob_worker.plan.feed import batches_to_embed
+from embedjob_worker.core.metrics import DriverMetrics
+from embedjob_worker.core.records import BadReason, BadRecord, MAX_ID_BYTES, Record
+from embedjob_worker.plan.checks import IdRegistry
+from embedjob_worker.core.tally import RunTally
 
 # An id or text as hostile as the readers meet: each strategy below is drawn often.
 _SURROGATE = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)

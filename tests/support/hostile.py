@@ -5,7 +5,7 @@ Shared by the unit tier (readers and checks) and the integration tier (the drive
 
 import json
 
-from embedjob_worker.records import MAX_ID_BYTES, MAX_RECORD_BYTES, BadReason
+from embedjob_worker.core.records import MAX_ID_BYTES, MAX_RECORD_BYTES, BadReason
 
 OK = "ok"  # read as a valid record
 HUGE = MAX_RECORD_BYTES + 10

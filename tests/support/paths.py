@@ -7,5 +7,5 @@ REPO_CRDS = REPO / "crds"
 CHART = REPO / "charts" / "embedjob-operator"
 #: the packaged sample of PEP paragraphs (examples/), 989 records
 SAMPLE = REPO / "examples" / "pep-sample.jsonl"
-#: all PEP paragraphs, next to the repository (../shared/data)
-CORPUS = REPO.parent / "shared" / "data" / "pep-paragraphs.jsonl"
+#: all 39,545 PEP paragraphs, xz-compressed (read them with support.corpus)
+CORPUS = REPO / "data" / "pep-paragraphs.jsonl.xz"

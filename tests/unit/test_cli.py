@@ -10,9 +10,9 @@ import yaml
 from embedjob.contract import encode_job_config
 from support.cli import DRIVER, EMBEDJOB, manifest, run
 from support.net import free_port
-from embedjob_worker.batching import estimated_batches, make_batches
-from embedjob_worker.logs import SecretMaskingFilter, mask_url
-from embedjob_worker.records import Record
+from embedjob_worker.plan.batching import estimated_batches, make_batches
+from embedjob_worker.core.logs import SecretMaskingFilter, mask_url
+from embedjob_worker.core.records import Record
 
 
 def test_a_manifest_with_bad_fields_exits_2_naming_the_fields(tmp_path):

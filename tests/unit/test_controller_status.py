@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from controller import acceptance, status
+from controller import acceptance, events, status
 from controller.acceptance import ACCEPTED, Verdict
 from controller.run_reader import RunRow
 from embedjob import api
@@ -104,7 +104,7 @@ def test_refused_job_is_pending_with_the_reason():
         "Complete": ("False", "SecretNotFound"), "Failed": ("False", "SecretNotFound"),
         "Suspended": ("False", "SecretNotFound"),
     }
-    [event] = status.transitions({}, st)
+    [event] = events.transitions({}, st)
     assert (event.type, event.status, event.reason, event.warning) == ("Accepted", "False", "SecretNotFound", True)
 
 
@@ -128,7 +128,7 @@ def test_lifecycle_to_complete():
     assert by_type["Running"]["message"] == "120/400 batches, 55.3 texts/s"
     assert by_type["Running"]["lastTransitionTime"] == T1
     assert by_type["Accepted"]["lastTransitionTime"] == T0  # unchanged status keeps its time
-    assert [(t.type, t.reason) for t in status.transitions(pending, running)] == [("Running", "JobRunning")]
+    assert [(t.type, t.reason) for t in events.transitions(pending, running)] == [("Running", "JobRunning")]
 
     done_rj = rayjob("Complete", "SUCCEEDED", rayClusterName="ej-pep-1234abcd-x7k2p", startTime=T1, endTime=T2)
     done = status.desired_status(running, observe(T2, verdict=ACCEPTED, rj=done_rj,
@@ -137,7 +137,7 @@ def test_lifecycle_to_complete():
     assert conditions(done)["Complete"] == ("True", "Succeeded") and conditions(done)["Running"][0] == "False"
     assert done["progress"]["summary"] == "400/400 batches"
     assert status.is_final(done)
-    [event] = status.transitions(running, done)
+    [event] = events.transitions(running, done)
     assert (event.type, event.warning) == ("Complete", False)
 
     # Final: a later change of the RayJob (deleted after its TTL) does not reopen the job.
@@ -184,7 +184,7 @@ def test_failure_reasons_are_specific(rj, run_, reason):
     st = status.desired_status({}, observe(verdict=ACCEPTED, rj=rj, run_=run_))
     assert st["state"] == "Failed" and st["reason"] == reason
     assert conditions(st)["Failed"] == ("True", reason)
-    [event] = [t for t in status.transitions({}, st) if t.type == "Failed"]
+    [event] = [t for t in events.transitions({}, st) if t.type == "Failed"]
     assert event.warning
 
 
@@ -202,10 +202,10 @@ def test_suspend_and_resume():
     assert suspended["state"] == "Suspended"
     assert conditions(suspended)["Suspended"] == ("True", "Suspended")
     assert conditions(suspended)["Running"][0] == "False"
-    assert [t.type for t in status.transitions(running, suspended)] == ["Suspended"]
+    assert [t.type for t in events.transitions(running, suspended)] == ["Suspended"]
     resumed = status.desired_status(suspended, observe(T2, rj=rayjob("Running", "RUNNING")))
     assert resumed["state"] == "Running" and conditions(resumed)["Suspended"][0] == "False"
-    assert [t.type for t in status.transitions(suspended, resumed)] == ["Running"]
+    assert [t.type for t in events.transitions(suspended, resumed)] == ["Running"]
 
 
 def test_created_suspended():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller import status
+from controller import events, status
 from controller.acceptance import ACCEPTED
 from controller.waiting import Waiting, pod_problem, waiting_for
 
@@ -157,9 +157,9 @@ def test_a_stuck_job_shows_the_reason_and_the_message_and_warns_once():
     running = status.find_condition(st, "Running")
     assert (running["status"], running["reason"], running["message"]) == ("False", "Unschedulable", stuck.message)
     assert status.find_condition(st, "Complete")["message"] == ""
-    [event] = status.transitions(first, st)
+    [event] = events.transitions(first, st)
     assert (event.type, event.status, event.reason, event.warning) == ("Running", "False", "Unschedulable", True)
-    assert status.transitions(st, status.desired_status(st, observe(stuck))) == []
+    assert events.transitions(st, status.desired_status(st, observe(stuck))) == []
 
 
 def test_a_running_job_is_not_stuck():

@@ -4,7 +4,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from embedjob_worker.errors import retry_database
+from embedjob_worker.core.errors import retry_database
 
 
 def lost_connection() -> sa.exc.OperationalError:

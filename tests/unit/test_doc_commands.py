@@ -24,7 +24,7 @@ def test_the_docs_have_the_commands_this_test_checks():
 
 def test_every_embedjob_command_in_the_docs_parses_with_the_real_cli():
     commands = doc_commands("embedjob")
-    check = ("import json, sys\nfrom embedjob_worker.cli import _parser\nbad = []\n"
+    check = ("import json, sys\nfrom embedjob_cli.main import _parser\nbad = []\n"
              "for argv in json.loads(sys.argv[1]):\n"
              "    try:\n        _parser().parse_args(argv)\n"
              "    except SystemExit:\n        bad.append(argv)\n"

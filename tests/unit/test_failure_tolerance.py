@@ -1,7 +1,7 @@
 """How many failed batches a job tolerates: a count, or a percentage of all its batches."""
 
 from embedjob.api import Retry
-from embedjob_worker.errors import too_many_failed_batches
+from embedjob_worker.core.errors import too_many_failed_batches
 
 
 def test_a_count_stops_the_job_at_the_first_batch_over_it():

@@ -1,13 +1,13 @@
-"""The input feed (embedjob_worker.feed) on real files: what it hands on, and when."""
+"""The input feed (embedjob_worker.plan.feed) on real files: what it hands on, and when."""
 
 import json
 
 from embedjob.api import parse_spec
-from embedjob_worker.batching import Batch, batch_key
-from embedjob_worker.feed import BAD_RECORDS_GROUP, LOOKUP_RECORDS, batches_to_embed, lookup_groups
-from embedjob_worker.metrics import DriverMetrics
-from embedjob_worker.records import BadReason, Record
-from embedjob_worker.tally import RunTally
+from embedjob_worker.plan.batching import Batch, batch_key
+from embedjob_worker.plan.feed import BAD_RECORDS_GROUP, LOOKUP_RECORDS, batches_to_embed, lookup_groups
+from embedjob_worker.core.metrics import DriverMetrics
+from embedjob_worker.core.records import BadReason, Record
+from embedjob_worker.core.tally import RunTally
 
 
 def spec(uri: str, text_field: str) -> object:

@@ -15,8 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedjob_worker.records import MAX_RECORD_BYTES, BadReason, BadRecord, Record, classify_records
-from embedjob_worker.source import OversizedLine, bounded_lines, count_records, read_records
+from embedjob_worker.core.records import BadReason, BadRecord, MAX_RECORD_BYTES, Record
+from embedjob_worker.plan.checks import classify_records
+from embedjob_worker.source.files import OversizedLine, bounded_lines, count_records, read_records
 from support.hostile import HUGE, LONG_TEXT, OK, hostile_jsonl_bytes, hostile_jsonl_entries
 
 def outcomes(uri: str, fmt: str) -> list[Record | BadRecord]:

@@ -4,7 +4,9 @@ No Docker engine runs here, so the images are not built. What is checked instead
 the Dockerfiles pin their base images by version, install the right extra and run
 as the non-root users the chart expects; the controller extra pulls in no Ray or
 torch; the driver module the operator puts into RayJobs is in the package the
-worker image installs, with the flags the operator passes.
+worker image installs, with the flags the operator passes; each image copies exactly the
+packages its entrypoints import (no CLI, no operator in the worker image, no driver in the
+operator's).
 """
 
 from __future__ import annotations
@@ -16,25 +18,28 @@ import shlex
 import subprocess
 import sys
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 
 from controller import acceptance
 from controller.acceptance import SAMPLE_IN_WORKER_IMAGE
 from embedjob import api
-from embedjob.contract import DRIVER_MODULE
+from embedjob.contract import DRIVER_MODULE, POOLS_MODULE
 from support.dockerfiles import (
     CONTROLLER_DOCKERFILE,
     MODEL_CONTAINERFILE,
     WORKER_DOCKERFILE,
     base_image,
     build_arg_defaults,
+    copy_sources,
     env_settings,
     extras_installed,
     final_user,
     parse_dockerfile,
     pip_installs,
 )
+from support import layers
 from support.manifests import quickstart_rayjob
 from support.paths import REPO
 from support.project import pinned_ray_version, pyproject
@@ -95,14 +100,47 @@ def driver_help() -> str:
 def test_driver_module_is_in_the_package_the_worker_image_installs():
     spec = importlib.util.find_spec(DRIVER_MODULE)
     assert spec is not None, f"{DRIVER_MODULE} is missing"
-    # the worker image installs the distribution built from pyproject.toml: the driver's
-    # package must be one of its packages, mapped to the source the image copies
-    setuptools = pyproject()["tool"]["setuptools"]
-    assert "embedjob_worker" in setuptools["packages"]
-    package_dir = setuptools["package-dir"]["embedjob_worker"]
-    assert (REPO / package_dir / "driver.py").is_file()
-    copied = " ".join(ins.arguments for ins in parse_dockerfile(WORKER_DOCKERFILE) if ins.keyword == "COPY")
-    assert package_dir in copied
+    # the worker image installs the distribution built from pyproject.toml: the packages are found
+    # where they live, the driver's under worker_image/
+    find = pyproject()["tool"]["setuptools"]["packages"]["find"]
+    assert "worker_image" in find["where"] and "embedjob_worker" in find["include"]
+    assert (REPO / "worker_image" / "embedjob_worker" / "driver.py").is_file()
+
+
+@pytest.mark.parametrize(("dockerfile", "entrypoints"), [
+    (WORKER_DOCKERFILE, (DRIVER_MODULE, POOLS_MODULE)),
+    (CONTROLLER_DOCKERFILE, ("controller.__main__",)),
+], ids=["worker", "controller"])
+def test_each_image_copies_exactly_the_packages_its_entrypoints_import(dockerfile, entrypoints):
+    copied = {source.rstrip("/") for source in copy_sources(parse_dockerfile(dockerfile))}
+    in_image = {package for package, root in layers.PACKAGE_DIRS.items()
+                if root.relative_to(REPO).as_posix() in copied}
+    needed = first_party_closure(entrypoints)
+    missing = sorted(module for module in needed if module.split(".")[0] not in in_image)
+    assert missing == [], f"{dockerfile.relative_to(REPO)} does not copy what its entrypoints import: {missing}"
+    unused = in_image - {module.split(".")[0] for module in needed}
+    assert unused == set(), f"{dockerfile.relative_to(REPO)} copies packages its entrypoints never import: {unused}"
+
+
+def first_party_closure(entrypoints: tuple[str, ...]) -> set[str]:
+    """Every first-party module the entrypoints import, directly or through each other (lazy imports too)."""
+    imports: dict[str, set[str]] = {}
+    for imp in layers.all_imports():
+        imports.setdefault(imp.module, set()).add(imp.imported)
+    seen, todo = set(), list(entrypoints)
+    while todo:
+        module = todo.pop()
+        if module in seen or module.split(".")[0] not in layers.PACKAGE_DIRS:
+            continue
+        seen.add(module)
+        todo += imports.get(module, ())
+        todo += [parent for parent in _parents(module)]
+    return seen
+
+
+def _parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def test_driver_accepts_the_entrypoint_the_operator_puts_into_rayjobs():

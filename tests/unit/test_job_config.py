@@ -1,6 +1,6 @@
 """The job key: the uid in a cluster; locally the name and where the vectors go."""
 
-from embedjob_worker.config import JobConfig
+from embedjob_worker.core.config import JobConfig
 from support.cli import manifest
 from support.manifests import merged
 

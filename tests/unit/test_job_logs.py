@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from embedjob.contract import LOGS_HINT
-from embedjob_worker.job_logs import DashboardLogs, LogsUnavailable, SubmitterLogs, locate
+from embedjob_cli.job_logs import DashboardLogs, LogsUnavailable, SubmitterLogs, locate
 from support.cli import EMBEDJOB, run
 
 NS = "team-a"

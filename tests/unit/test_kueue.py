@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from controller import queueing, status
+from controller import events, queueing, status
 from controller.acceptance import ACCEPTED
 from controller.rayjob import build_rayjob
 from controller.settings import Settings, SettingsError
 from embedjob import api
 from embedjob.contract import decode_job_config
-from embedjob_worker.config import JobConfig
+from embedjob_worker.core.config import JobConfig
 from support.manifests import MINIMAL_SPEC, merged
 from support.paths import REPO
 
@@ -141,7 +141,7 @@ def test_a_rayjob_waiting_for_admission_is_queued(deployment):
     assert conditions(st)["Running"][0] == conditions(st)["Suspended"][0] == "False"
     assert "LocalQueue batch, priority class low" in message(st, "Queued")
     assert "startTime" not in st  # KubeRay's startTime marks when it was queued, not started
-    [event] = [t for t in status.transitions({}, st) if t.type == "Queued"]
+    [event] = [t for t in events.transitions({}, st) if t.type == "Queued"]
     assert (event.status, event.reason, event.warning) == ("True", "WaitingForAdmission", False)
 
 
@@ -162,7 +162,7 @@ def test_admitted_then_preempted_then_readmitted():
         assert conditions(preempted)["Suspended"] == ("True", "Preempted")
         assert conditions(preempted)["Queued"][0] == "False"
         assert "resumes when Kueue readmits it" in message(preempted, "Suspended")
-    assert [(t.type, t.reason) for t in status.transitions(running, preempted)] == [("Suspended", "Preempted")]
+    assert [(t.type, t.reason) for t in events.transitions(running, preempted)] == [("Suspended", "Preempted")]
 
     readmitted = sync(preempted, T4, kueue_rayjob(False, "Suspended"))
     assert (readmitted["state"], readmitted["reason"]) == ("Pending", "Admitted")

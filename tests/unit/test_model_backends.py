@@ -3,9 +3,9 @@
 import pytest
 
 from embedjob import api
-from embedjob_worker.exported import export_key
-from embedjob_worker.model import REVISION_MAX_CHARS, ResolvedModel, resolve_model, tagged_revision
-from embedjob_worker.pools import pool_name
+from embedjob_worker.encode.exported import export_key
+from embedjob_worker.encode.model import REVISION_MAX_CHARS, ResolvedModel, resolve_model, tagged_revision
+from embedjob_worker.encode.pools import pool_name
 
 SPEC = {
     "source": {"uri": "examples/pep-sample.jsonl"},

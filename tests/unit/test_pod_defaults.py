@@ -10,9 +10,9 @@ import yaml
 
 from controller.settings import POD_DEFAULTS_ENV, POD_DEFAULTS_FILE_ENV, Settings, SettingsError
 from embedjob import chart_schema
-from embedjob.api_pods import PodDefaults
+from embedjob.api import PodDefaults
 from embedjob.manifest import load_manifest
-from embedjob_worker.render import render
+from embedjob_cli.render import render
 from support.cli import EMBEDJOB, run
 from support.paths import REPO
 

@@ -12,10 +12,10 @@ from controller.pod_templates import SUBMITTER_CONTAINER, SUBMITTER_POD_FIELDS, 
 from controller.rayjob import HEAD_RESOURCES
 from controller.settings import Settings
 from embedjob import api, contract
-from embedjob.api_pod_volumes import RESERVED_ENV_PREFIX
+from embedjob.api import RESERVED_ENV_PREFIX
 from embedjob.crd import spec_as_stored
 from embedjob.manifest import load_manifest
-from embedjob_worker.render import render
+from embedjob_cli.render import render
 from support.manifests import MINIMAL_SPEC, merged
 from support.paths import REPO
 from support.pod_settings import EVERY_POD_SETTING, HEAD_TEMPLATE, MALFORMED_POD_SETTINGS, WORKER_TEMPLATE

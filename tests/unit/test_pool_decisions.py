@@ -15,8 +15,9 @@ from controller.pool_policy import (
 )
 from controller.ray_jobs_client import auth_secret_name, dashboard_url
 from embedjob.contract import pool_removal_command
-from embedjob_worker.model import ResolvedModel
-from embedjob_worker.pools import pool_actor_name, pool_name
+from embedjob_worker.encode.model import ResolvedModel
+from embedjob_worker.core.actor_names import pool_actor_name
+from embedjob_worker.encode.pools import pool_name
 
 MODEL = ResolvedModel("m", "rev1", "/models/m", None, True, None)
 

@@ -12,7 +12,7 @@ from controller.settings import Settings
 from embedjob import api
 from embedjob.crd import spec_as_stored
 from embedjob.manifest import load_manifest
-from embedjob_worker.render import PLACEHOLDER_UID, RenderRefused, render
+from embedjob_cli.render import PLACEHOLDER_UID, RenderRefused, render
 from support.cli import EMBEDJOB, run
 from support.paths import REPO
 

@@ -5,7 +5,7 @@ import shutil
 
 import fsspec
 
-from embedjob_worker.snapshot import describe_input, input_snapshot, store_content_stamp
+from embedjob_worker.source.snapshot import describe_input, input_snapshot, store_content_stamp
 
 
 def test_a_local_input_is_identified_by_its_bytes_not_its_path_or_mtime(tmp_path):

@@ -8,10 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedjob_worker.records import (
-    CLAIM_CHUNK_RECORDS, BadReason, BadRecord, FirstOccurrences, RawRecord, Record, SortedIds, classify_records,
-)
-from embedjob_worker.source import count_records, read_records, resolve_uri
+from embedjob_worker.plan.checks import CLAIM_CHUNK_RECORDS, FirstOccurrences, SortedIds, classify_records
+from embedjob_worker.core.records import BadReason, BadRecord, RawRecord, Record
+from embedjob_worker.source.files import count_records, read_records, resolve_uri
 
 ROWS = [{"id": "a", "text": "alpha"}, {"id": "b", "text": "beta"}, {"id": 3, "text": "gamma"}]
 

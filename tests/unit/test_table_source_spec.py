@@ -4,8 +4,8 @@ by the driver's own SQL composer; filter values only ever travel as parameters."
 import pytest
 
 from embedjob.api import SpecError, parse_spec
-from embedjob.api_table import SourceTable, TableFilter
-from embedjob_worker.table_source import (
+from embedjob.api import SourceTable, TableFilter
+from embedjob_worker.source.table import (
     UnsafeTableSpec, check_table, sorts_equal_ids_together, table_query, table_snapshot,
 )
 

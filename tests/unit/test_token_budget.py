@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embedjob.api import SpecError, parse_spec
-from embedjob_worker.batching import TokenBudget, batch_key, budget_cuts, make_batches
-from embedjob_worker.config import JobConfig, config_fingerprint, run_identity
-from embedjob_worker.records import Record
+from embedjob_worker.plan.batching import TokenBudget, batch_key, budget_cuts, make_batches
+from embedjob_worker.core.config import JobConfig, config_fingerprint, run_identity
+from embedjob_worker.core.records import Record
 from support.cli import EMBEDJOB, manifest, run
 
 KEY = batch_key("input-fingerprint", "config-fingerprint")
@@ -110,7 +110,7 @@ def test_bad_budgets_are_refused_naming_the_field(batching, field, message):
 
 
 def test_the_crd_carries_the_same_rules():
-    from embedjob.api_sections import Batching
+    from embedjob.api import Batching
 
     rules = Batching.model_json_schema()["x-kubernetes-validations"]
     assert [r["message"] for r in rules if r.get("fieldPath") == ".maxTokens"] == [
@@ -132,8 +132,8 @@ def test_the_cli_flag_overrides_the_manifest_and_is_validated(tmp_path):
 def test_the_driver_reads_the_models_token_limit_without_loading_it(tmp_path):
     # Batches are planned before any actor has loaded the model (an unchanged incremental re-run
     # starts none), so the driver's limit comes from the spec, else the model's own config.
-    from embedjob_worker.model import ResolvedModel
-    from embedjob_worker.tokens import model_token_limit
+    from embedjob_worker.encode.model import ResolvedModel
+    from embedjob_worker.encode.tokens import model_token_limit
 
     def resolved(location, max_seq_length=None):
         return ResolvedModel("m", "r", str(location), None, True, max_seq_length)

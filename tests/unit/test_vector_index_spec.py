@@ -8,11 +8,11 @@ import pytest
 import yaml
 
 from embedjob import api, crd
-from embedjob_worker.copy_data import copy_payload
-from embedjob_worker.errors import JobFailed
-from embedjob_worker.outcome import AttemptRow, BatchOutcome, now
-from embedjob_worker.records import Record
-from embedjob_worker.vector_index import COSINE, INNER_PRODUCT, check_indexable, index_name, metric_for
+from embedjob_worker.sink.copy_data import copy_payload
+from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
+from embedjob_worker.core.records import Record
+from embedjob_worker.sink.vector_index import COSINE, INNER_PRODUCT, check_indexable, index_name, metric_for
 from support.cli import EMBEDJOB, manifest, run
 from support.manifests import MINIMAL_SPEC, merged
 

@@ -4,9 +4,9 @@ group adds to the run row whichever writer commits it (no database)."""
 import pytest
 
 from embedjob import api
-from embedjob_worker.outcome import AttemptRow, BatchOutcome, group_counts, now
-from embedjob_worker.records import Record, Span
-from embedjob_worker.tally import RunTally
+from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, group_counts, now
+from embedjob_worker.core.records import Record, Span
+from embedjob_worker.core.tally import RunTally
 from support.crd_schema import fields, root_schema
 from support.manifests import MINIMAL_SPEC, merged
 

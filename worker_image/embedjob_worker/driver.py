@@ -4,7 +4,7 @@
                                      [--metrics-port N] [--new-run]
 
 connects only to the given Ray cluster (never starts one), reads the database URL from
-EMBEDJOB_DATABASE_URL (a table source's own database from EMBEDJOB_SOURCE_DATABASE_URL) and runs the job (embedjob_worker.run). Exit codes: 0 succeeded,
+EMBEDJOB_DATABASE_URL (a table source's own database from EMBEDJOB_SOURCE_DATABASE_URL) and runs the job (embedjob_worker.run.job). Exit codes: 0 succeeded,
 1 job failed (the run row says why), 2 invalid config, 3 Ray unreachable, 4 the
 database unreachable. See docs/driver.md.
 """
@@ -27,11 +27,11 @@ from embedjob.contract import (
     CONFIG_FLAG, DATABASE_URL_ENV, FAULT_INJECTION_ENV, SOURCE_DATABASE_URL_ENV, ExitCode, decode_job_config,
 )
 
-from .config import JobConfig
-from .errors import RayUnreachable, Unreachable
-from .logs import configure_logging, log_event, mask_url
-from .metrics import DriverMetrics
-from .run import DriverOptions, run_job
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.core.errors import RayUnreachable, Unreachable
+from embedjob_worker.core.logs import configure_logging, log_event, mask_url
+from embedjob_worker.core.metrics import DriverMetrics
+from embedjob_worker.run.job import DriverOptions, run_job
 
 log = logging.getLogger("embedjob_worker.driver")
 # How long connecting to the Ray cluster may take before the driver gives up (exit 3).

@@ -1,7 +1,7 @@
 """A run's chunks embedded (spec.chunking: one vector per chunk), a column as api.RunCounters has it.
 
 The vectors tables are the user's and not Alembic's: the driver adds their chunk columns
-itself (embedjob_worker.vectors_table), since it alone knows which tables a job writes.
+itself (embedjob_worker.sink.vectors_table), since it alone knows which tables a job writes.
 
 Revision ID: 0009
 Revises: 0008

@@ -1,0 +1,250 @@
+"""The `embedjob` command: `run` (a job on this machine: local Ray, embedded PostgreSQL), `search`, `logs`, `render`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import warnings
+from contextlib import ExitStack
+from pathlib import Path
+
+# `embedjob run` is a one-machine Ray: keep its servers on loopback rather than the
+# machine's network address. Ray reads this once, when it is first imported (below).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+from tqdm import tqdm  # noqa: E402
+
+from embedjob import db  # noqa: E402
+from embedjob.api import RunCounters, SpecError  # noqa: E402
+from embedjob.api import IndexType, VectorIndex
+from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, ExitCode  # noqa: E402
+
+from embedjob_worker.core.config import JobConfig  # noqa: E402
+from embedjob_worker.driver import unreachable_exit_code  # noqa: E402
+from embedjob_worker.core.errors import Unreachable  # noqa: E402
+from embedjob_cli import job_logs, render  # noqa: E402
+from embedjob_worker.core.logs import configure_logging, mask_url  # noqa: E402
+from embedjob_cli.search import DEFAULT_EF_SEARCH, MAX_EF_SEARCH, nearest  # noqa: E402
+from embedjob_worker.sink.vector_index import metric_for  # noqa: E402
+
+SNIPPET_CHARS = 100
+# Ray announces token authentication on every local start; a one-machine Ray on loopback
+# is what `embedjob run` always starts, so the notice says nothing to act on.
+_RAY_TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _quiet_third_party_notices() -> None:
+    # pgserver asks platformdirs for a runtime dir, which warns when XDG_RUNTIME_DIR is unset.
+    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+    logging.getLogger(_RAY_TOKEN_NOTICE_LOGGER).setLevel(logging.ERROR)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="embedjob", description="Batch text embeddings on Ray into PostgreSQL.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run an EmbeddingJob manifest on this machine (local Ray)")
+    run.add_argument("manifest", type=Path)
+    run.add_argument("--database-url", default=os.environ.get(DATABASE_URL_ENV),
+                     help=f"PostgreSQL URL (default: ${DATABASE_URL_ENV}, else an embedded PostgreSQL)")
+    run.add_argument("--new-run", action="store_true", help="start a new run although the input changed")
+    run.add_argument("--source-database-url", default=os.environ.get(SOURCE_DATABASE_URL_ENV),
+                     help="PostgreSQL URL of a table source's database (default: "
+                     f"${SOURCE_DATABASE_URL_ENV}, else the sink's database)")
+    run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    run.add_argument("--verbose", "-v", action="store_true", help="log every batch (key=value lines on stderr)")
+    run.add_argument("--index", choices=[t.value for t in IndexType],
+                     help="build this vector index after the run (default: the manifest's spec.sink.index, else none)")
+    run.add_argument("--max-tokens", type=int, metavar="N",
+                     help="token budget per batch: overrides spec.batching.maxTokens (docs/token-budget.md)")
+    run.add_argument("--chunk-max-tokens", type=int, metavar="N",
+                     help="cut long texts into chunks of N tokens, one vector each: sets spec.chunking.maxTokens "
+                     "(docs/chunking.md)")
+    run.add_argument("--chunk-overlap-tokens", type=int, metavar="N",
+                     help="tokens a chunk repeats from the one before: sets spec.chunking.overlapTokens (turns "
+                     "chunking on)")
+    search = commands.add_parser("search", help="nearest neighbours of a query in the job's collection")
+    search.add_argument("manifest", type=Path)
+    search.add_argument("query")
+    search.add_argument("-k", type=int, default=5, help="how many neighbours (default 5)")
+    search.add_argument("--database-url", default=os.environ.get(DATABASE_URL_ENV))
+    search.add_argument("--ef-search", type=_ef_search, help=f"HNSW candidate list (hnsw.ef_search, 1-{MAX_EF_SEARCH}; "
+                        f"default {DEFAULT_EF_SEARCH} or k if more): higher finds more true neighbours, slower")
+    job_logs.add_command(commands)
+    render.add_command(commands)
+    return parser
+
+
+def _ef_search(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= MAX_EF_SEARCH:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_EF_SEARCH}")
+    return int(value)
+
+
+def _with_index(config: JobConfig, index: str | None) -> JobConfig:
+    """The config with `embedjob run --index` in place of spec.sink.index (the manifest's HNSW parameters kept)."""
+    sink = config.spec.sink
+    if index is None or (index == IndexType.hnsw and sink.hnsw):
+        return config
+    sink = sink.model_copy(update={"index": VectorIndex(type=index)})
+    return dataclasses.replace(config, spec=config.spec.model_copy(update={"sink": sink}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _quiet_third_party_notices()
+    if args.command == job_logs.COMMAND:
+        return job_logs.run(args)
+    if args.command == render.COMMAND:
+        return render.run(args)
+    try:
+        config = _with_index(JobConfig.from_file(args.manifest), getattr(args, "index", None))
+        if getattr(args, "max_tokens", None) is not None:
+            config = config.with_max_tokens(args.max_tokens)
+        chunk_flags = (getattr(args, "chunk_max_tokens", None), getattr(args, "chunk_overlap_tokens", None))
+        if chunk_flags != (None, None):
+            config = config.with_chunking(*chunk_flags)
+    except (SpecError, OSError) as exc:
+        print(f"embedjob: invalid manifest {args.manifest}: {exc}", file=sys.stderr)
+        return ExitCode.INVALID_CONFIG
+    with ExitStack() as stack:
+        url = args.database_url or _local_database(stack)
+        # Log lines go above `embedjob run`'s progress bar, never into it.
+        secrets = [url, getattr(args, "source_database_url", None) or ""]
+        configure_logging(secrets=secrets, level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                          write=lambda line: tqdm.write(line, file=sys.stderr))
+        try:
+            return _run(config, url, args) if args.command == "run" else _search(config, url, args)
+        except Unreachable as exc:
+            print(f"embedjob: {exc}", file=sys.stderr)
+            return unreachable_exit_code(exc)
+
+
+def _local_database(stack: ExitStack) -> str:
+    from embedjob_cli.localdb import start_local_database
+
+    server, url = start_local_database()
+    stack.callback(server.cleanup)
+    return url
+
+
+def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
+    import ray
+
+    from embedjob_worker.plan.batching import estimated_batches
+    from embedjob_worker.driver import fault_injection_from_env
+    from embedjob_worker.core.metrics import DriverMetrics
+    from embedjob_worker.run.job import DriverOptions, run_job
+    from embedjob_worker.source.files import count_records, resolve_uri
+    from embedjob_worker.source.table import table_uri
+
+    workers = config.spec.workers
+    needed_cpus = workers.replicas * workers.cpus_per_actor
+    # address="local": a fresh Ray on this machine even when RAY_ADDRESS points elsewhere.
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(needed_cpus + 0.999)),
+             include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    metrics = DriverMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
+    spec = config.spec
+    try:
+        # A table's rows are not counted ahead (a view may be costly to read twice): the bar counts up.
+        total = None if spec.source.table else count_records(resolve_uri(spec.source.uri, config.base_dir),
+                                                              spec.source.format)
+    except OSError:
+        total = None  # the driver refuses the job with SourceUnavailable and says why
+    # Until the input has been read through, the batch count is estimated from the records.
+    # With a token budget the count depends on the texts' tokens: unknown until read through.
+    estimate = (f"~{estimated_batches(total, spec.batching.batch_size, spec.batching.sort_window)}"
+                if total and spec.batching.max_tokens is None and spec.chunking is None else "?")
+    source = table_uri(spec.source.table) if spec.source.table else spec.source.uri
+    print(f"embedjob: {config.name}: {source} -> {mask_url(url)} table {spec.sink.table}, "
+          f"collection {spec.sink.collection}", file=sys.stderr)
+    with tqdm(total=total, unit="rec", desc=config.name, dynamic_ncols=True) as bar:
+        def show(counters: RunCounters) -> None:
+            bar.update(counters.records_embedded + counters.records_failed - bar.n)
+            known = counters.batches_total if counters.batches_total is not None else estimate
+            batches = f"{counters.batches_succeeded + counters.batches_failed}/{known}"
+            bar.set_postfix(batches=batches, texts_s=counters.texts_per_second, refresh=False)
+
+        options = DriverOptions(new_run=args.new_run, metrics=metrics, on_progress=show,
+                                fault_injection=fault_injection_from_env(),
+                                source_database_url=args.source_database_url)
+        try:
+            summary = run_job(config, url, options)
+        finally:
+            ray.shutdown()
+    _print_summary(summary)
+    return ExitCode.SUCCEEDED if summary.state == "succeeded" else ExitCode.JOB_FAILED
+
+
+def _print_summary(summary) -> None:
+    c = summary.counters
+    lines = [f"state              {summary.state}" + (f" ({summary.reason}: {summary.error})" if summary.reason else "")]
+    if c is not None:
+        lines += [
+            f"records embedded   {c.records_embedded} ({summary.records_truncated} truncated)",
+            f"chunks embedded    {c.chunks_embedded} (vectors the model embedded in this run)",
+            f"records failed     {c.records_failed}",
+            f"records by content {c.records_new} new, {c.records_changed} changed, {c.records_unchanged} unchanged,"
+            f" {c.records_deleted} deleted",
+            f"batches            {c.batches_succeeded} succeeded ({summary.batches_skipped} already done),"
+            f" {c.batches_failed} failed, {c.batches_total} total",
+            f"throughput         {c.texts_per_second:.1f} texts/s",
+            f"batch latency      p50 {summary.latency_percentile(0.5):.2f}s, p95 {summary.latency_percentile(0.95):.2f}s",
+            f"model load         {summary.model_load_seconds:.1f}s",
+            f"retries            {summary.retries} ({summary.oom_splits} out-of-memory splits)",
+            f"elapsed            {summary.elapsed_seconds:.1f}s (run {summary.run_id})",
+        ]
+    if summary.index is not None:
+        built = summary.index
+        lines.append(f"vector index       {built.name} " + (f"built in {built.seconds:.1f}s" if built.built else
+                                                            "exists (not rebuilt)") + (f"; {built.note}" if built.note else ""))
+    print("\n".join(lines))
+
+
+def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
+    import sqlalchemy as sa
+    from transformers.utils import logging as transformers_logging
+
+    from embedjob_worker.encode.exported import export_model
+    from embedjob_worker.encode.model import load_model, resolve_model
+
+    transformers_logging.disable_progress_bar()  # no "Loading weights" bar before the answer
+    try:
+        resolved = resolve_model(config.spec.model)
+    except (OSError, ValueError) as exc:
+        print(f"embedjob: spec.model: {exc}", file=sys.stderr)
+        return ExitCode.INVALID_CONFIG
+    # The query is embedded like the vectors: same backend, precision and export (from this machine's cache).
+    model = load_model(resolved, "cpu", export_model(resolved) if resolved.exported else None)
+    query = model.encode([args.query], normalize_embeddings=True, convert_to_numpy=True)[0].astype("float32")
+    sink = config.spec.sink
+    engine = db.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            hits = nearest(conn, sink.table, sink.collection, resolved.name, resolved.revision, query, args.k,
+                           metric_for(config.spec.model.normalize), args.ef_search)
+    except sa.exc.OperationalError as exc:
+        raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
+    except ValueError as exc:  # a table search cannot read (another vector type, from before chunking)
+        print(f"embedjob: {exc}", file=sys.stderr)
+        return ExitCode.JOB_FAILED
+    finally:
+        engine.dispose()
+    if hits is None:
+        print(f"embedjob: no vectors yet: run `embedjob run {args.manifest}` first", file=sys.stderr)
+        return ExitCode.JOB_FAILED
+    if not hits:
+        print(f"embedjob: no vectors in collection {sink.collection!r} of table {sink.table} for "
+              f"{resolved.name}@{resolved.revision}: run `embedjob run {args.manifest}` first", file=sys.stderr)
+        return ExitCode.JOB_FAILED
+    # cosine distance: 0 is the same direction, 2 the opposite; chars: the chunk's offsets into the record's text
+    print("distance  id  chunk  chars  snippet")
+    for hit in hits:
+        snippet = " ".join(hit.text.split())
+        snippet = snippet if len(snippet) <= SNIPPET_CHARS else snippet[: SNIPPET_CHARS - 1] + "…"
+        print(f"{hit.distance:.4f}  {hit.record_id}  {hit.chunk}  {hit.char_start}-{hit.char_end}  {snippet}")
+    return ExitCode.SUCCEEDED

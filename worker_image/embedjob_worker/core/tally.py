@@ -1,0 +1,189 @@
+"""The run's counts: the run row's counters (as embedjob.api.RunCounters) and the end-of-run summary."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from embedjob.api import RunCounters
+
+from embedjob_worker.core.logs import log_event
+from embedjob_worker.core.outcome import (ADDED_COUNTERS, KEPT_ON_RESUME, BatchOutcome, CounterUpdate, DoneBatch, chunks,
+                                          group_counts)
+
+log = logging.getLogger("embedjob_worker.core.tally")
+# The run row counters the driver's own counts add to (RunTally._driver_counts).
+_DRIVER_ADDED = ("batches_succeeded", "records_embedded", "records_failed")
+
+
+class RunTally:
+    """The run's counters, kept by the driver loop and the writer thread; read as RunCounters.
+
+    Two kinds of counts add up to the run row's: what committed groups add (group_counts, in
+    the transaction that commits them, whichever writer it is) and what only the driver
+    knows (batches done before, records up to date, bad records), which the driver's own
+    writes add as the difference since its last one (`driver_update`, then `reported`).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.batches_total: int | None = None  # known once the input has been read through
+        self.records_total: int | None = None
+        # done by an earlier session of this job (and its records truncated then)
+        self.batches_skipped = self.records_skipped = self.truncated_skipped = 0
+        self.records_rejected = 0  # bad records, failed before embedding
+        # Incremental runs (embedjob_worker.sink.incremental): new and changed records (and, with them, the
+        # chunks embedded) committed by the run's earlier sessions, of batches not yet committed by batch
+        # id, records whose vector was up to date, and vectors deleted at the end.
+        self._resumed = dict.fromkeys(KEPT_ON_RESUME, 0)
+        self.records_unchanged = self.records_deleted = 0
+        self._committed = dict.fromkeys(ADDED_COUNTERS, 0)  # this session's commits, as group_counts adds them
+        self._reported = dict.fromkeys(_DRIVER_ADDED, 0)  # the driver's counts its writes have added so far
+        self._classified: dict[str, tuple[int, int]] = {}
+        self._embedding_started: float | None = None
+
+    def start_embedding(self) -> None:
+        """Texts per second count from here (the actors are ready)."""
+        with self._lock:
+            self._embedding_started = time.monotonic()
+
+    def input_read(self, batches: int, records: int) -> None:
+        with self._lock:
+            self.batches_total, self.records_total = batches, records
+
+    def skipped(self, done: DoneBatch) -> None:
+        """A batch an earlier session of the job already wrote."""
+        with self._lock:
+            self.batches_skipped += 1
+            self.records_skipped += done.records_embedded
+            self.truncated_skipped += done.records_truncated
+
+    def resumed(self, new: int, changed: int, chunks: int) -> None:
+        """A resumed run's new and changed records and chunks embedded, as its earlier sessions committed them."""
+        with self._lock:
+            self._resumed.update(records_new=new, records_changed=changed, chunks_embedded=chunks)
+
+    def classified(self, batch_id: str, new: int, changed: int) -> None:
+        """A batch about to be embedded holds this many new and changed records."""
+        with self._lock:
+            self._classified[batch_id] = (new, changed)
+
+    def label(self, outcome: BatchOutcome) -> BatchOutcome:
+        """`outcome` with its new and changed records (from `classified`), as the write counts them."""
+        with self._lock:
+            outcome.records_new, outcome.records_changed = self._classified.pop(outcome.batch_id, (0, 0))
+        return outcome
+
+    def up_to_date(self, unchanged: int, already_written: int, whole_batch: bool) -> None:
+        """Records not sent to the model: unchanged since an earlier run, or written earlier in this one;
+        `whole_batch`: none of the batch's records was left to embed."""
+        with self._lock:
+            self.records_unchanged += unchanged
+            self.records_skipped += already_written
+            self.batches_skipped += whole_batch
+
+    def deleted(self, vectors: int) -> None:
+        with self._lock:
+            self.records_deleted += vectors
+
+    def rejected(self, records: int) -> None:
+        """Bad records, failed before embedding."""
+        with self._lock:
+            self.records_rejected += records
+
+    def counters(self, pending: Iterable[BatchOutcome] = ()) -> RunCounters:
+        """The run row's counters, as if `pending` were already committed."""
+        pending_counts = group_counts(list(pending))
+        with self._lock:
+            committed = {name: count + pending_counts[name] for name, count in self._committed.items()}
+            driver = self._driver_counts()
+            elapsed = time.monotonic() - self._embedding_started if self._embedding_started else 0.0
+            embedded = committed["records_embedded"]
+            return RunCounters(
+                batches_total=self.batches_total,
+                batches_succeeded=driver["batches_succeeded"] + committed["batches_succeeded"],
+                batches_failed=committed["batches_failed"],
+                records_total=self.records_total,
+                records_embedded=driver["records_embedded"] + embedded,
+                records_failed=driver["records_failed"] + committed["records_failed"],
+                texts_per_second=round(embedded / elapsed, 2) if elapsed > 0 else 0.0,
+                records_unchanged=self.records_unchanged,
+                records_deleted=self.records_deleted,
+                **{name: count + committed[name] for name, count in self._resumed.items()},
+            )
+
+    def _driver_counts(self) -> dict[str, int]:
+        """What only the driver knows, by the run row counter it adds to (self._lock held)."""
+        return {"batches_succeeded": self.batches_skipped,
+                "records_embedded": self.records_skipped + self.records_unchanged,
+                "records_failed": self.records_rejected}
+
+    def driver_update(self, pending: Iterable[BatchOutcome] = ()) -> CounterUpdate:
+        """The driver's part of its next run row write: its counts since the last one `reported`, and the
+        figures only it knows (texts/s as if `pending` were committed). One writer thread calls this."""
+        texts_per_second = self.counters(pending).texts_per_second
+        with self._lock:
+            driver = self._driver_counts()
+            return CounterUpdate(
+                add={name: count - self._reported[name] for name, count in driver.items()},
+                set={"batches_total": self.batches_total, "records_total": self.records_total,
+                     "records_unchanged": self.records_unchanged, "records_deleted": self.records_deleted,
+                     "texts_per_second": texts_per_second})
+
+    def reported(self, update: CounterUpdate) -> None:
+        """`update` is committed."""
+        with self._lock:
+            for name, count in update.add.items():
+                self._reported[name] += count
+
+    def commit(self, outcomes: Iterable[BatchOutcome]) -> None:
+        """Count the batches a writer committed; each is a `batch_written` line (`embedjob run -v`)."""
+        outcomes = list(outcomes)
+        with self._lock:
+            for name, count in group_counts(outcomes).items():
+                self._committed[name] += count
+        for o in outcomes:
+            log_event(log, "batch_written", batch=o.batch_id, state=o.state, records=len(o.records), chunks=chunks(o),
+                      truncated=len(o.truncated), worker=o.worker, attempt=o.attempts[-1].attempt,
+                      latency_s=round(o.duration_s or 0.0, 3))
+
+
+@dataclass(frozen=True)
+class IndexBuild:
+    """What ensure_index did: built `name` in `seconds`, or found an index there (`built` False)."""
+
+    name: str
+    built: bool
+    seconds: float = 0.0
+    # An existing index with other parameters than the spec's, or a build whose graph outgrew its memory.
+    note: str | None = None
+
+
+@dataclass
+class RunSummary:
+    """What a run did, for the caller (`embedjob run` prints it)."""
+
+    run_id: str | None
+    state: str  # succeeded | failed
+    reason: str | None = None
+    error: str | None = None
+    counters: RunCounters | None = None  # the run row's counters; None when the run was refused
+    batches_skipped: int = 0
+    records_truncated: int = 0
+    retries: int = 0
+    oom_splits: int = 0
+    batch_latencies: list[float] = field(default_factory=list)
+    model_load_seconds: float = 0.0
+    elapsed_seconds: float = 0.0
+    workers: list[dict] = field(default_factory=list)  # each actor's info(): actor id, when it loaded the model
+    writers: dict[str, int] = field(default_factory=dict)  # batches each writer actor (host/pid) committed
+    index: IndexBuild | None = None  # the vector index after the load (spec.sink.index), built or found
+
+    def latency_percentile(self, q: float) -> float:
+        if not self.batch_latencies:
+            return 0.0
+        ordered = sorted(self.batch_latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

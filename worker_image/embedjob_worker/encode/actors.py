@@ -1,0 +1,124 @@
+"""The EmbeddingWorker Ray actor: loads the model once, embeds batches of texts."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+from embedjob_worker.encode.exported import ExportedModel, materialize
+from embedjob_worker.encode.model import ResolvedModel, load_model, loaded_revision
+
+
+class EmbeddingWorker:
+    """Keeps one model resident; `embed` returns vectors tagged with the model and batch id.
+
+    `fault_injection` is a test hook (the driver passes it from EMBEDJOB_FAULT_INJECTION):
+    {"oom_above": N} raises torch.OutOfMemoryError for batches of more than N texts;
+    {"revision": "x"} reports revision x instead of the loaded one;
+    {"hang_once_file": PATH} makes the first `embed` of any actor that creates PATH hang.
+    """
+
+    def __init__(self, resolved: ResolvedModel, exported: ExportedModel | None, num_cpus: float, num_gpus: float,
+                 fault_injection: dict[str, Any] | None = None):
+        import ray
+        import torch
+
+        # Ray leaves torch at one thread unless told; the actor's CPUs are its threads.
+        threads = max(1, int(round(num_cpus)))
+        torch.set_num_threads(threads)
+        started = time.monotonic()
+        # `exported`: the driver's one export of an onnx/openvino model (embedjob_worker.encode.exported).
+        exported_dir = materialize(exported) if exported is not None else None
+        self.model = load_model(resolved, "cuda" if num_gpus > 0 else "cpu", exported_dir, threads)
+        self.load_seconds = time.monotonic() - started
+        # Wall clock: a job that reuses a pool actor sees when another job loaded the model.
+        self.loaded_at = time.time()
+        self.name = resolved.name
+        # Recomputed from the files on this actor's node, not copied from the driver.
+        self.revision = loaded_revision(resolved)
+        self.normalize = resolved.normalize
+        self.max_tokens = self.model.max_seq_length
+        self.faults = fault_injection or {}
+        self.actor_id = ray.get_runtime_context().get_actor_id() or ""
+        self.worker_id = f"{socket.gethostname()}/{os.getpid()}/{self.actor_id[:8]}"[:128]
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "model": self.name,
+            "revision": self.faults.get("revision", self.revision),
+            "dimension": self.model.get_embedding_dimension()
+            if hasattr(self.model, "get_embedding_dimension")
+            else self.model.get_sentence_embedding_dimension(),
+            "max_tokens": self.max_tokens,
+            "load_seconds": self.load_seconds,
+            "loaded_at": self.loaded_at,
+            "actor_id": self.actor_id,
+            "worker": self.worker_id,
+        }
+
+    def embed(self, batch_id: str, texts: list[str], pass_size: int | None = None) -> dict[str, Any]:
+        """Vectors of `texts`, `pass_size` texts a forward pass (default: all of them in one)."""
+        started = time.monotonic()
+        if "hang_once_file" in self.faults:
+            try:
+                os.close(os.open(self.faults["hang_once_file"], os.O_CREAT | os.O_EXCL))
+                time.sleep(24 * 3600)
+            except FileExistsError:
+                pass
+        vectors, splits = self._encode(texts, pass_size or len(texts))
+        return {
+            "batch_id": batch_id,
+            "vectors": vectors,
+            "truncated": self._truncated(texts),
+            "model": self.name,
+            "revision": self.faults.get("revision", self.revision),
+            "worker": self.worker_id,
+            "seconds": time.monotonic() - started,
+            "oom_splits": splits,
+        }
+
+    def embed_apart(self, batch_id: str, texts: list[str], pass_size: int | None = None
+                    ) -> tuple[dict[str, Any], np.ndarray]:
+        """`embed`, with the vectors as a second return value (called with num_returns=2): the driver
+        gets the first and hands the ObjectRef of the second to a writer actor (spec.sink.writers)."""
+        result = self.embed(batch_id, texts, pass_size)
+        vectors = result.pop("vectors")
+        return result, vectors
+
+    def _encode(self, texts: list[str], pass_size: int) -> tuple[np.ndarray, int]:
+        """Encode in forward passes of `pass_size` texts; on out-of-memory, encode the halves (recursively)."""
+        import torch
+
+        try:
+            if len(texts) > self.faults.get("oom_above", len(texts)):
+                raise torch.OutOfMemoryError(f"injected: batch of {len(texts)} > {self.faults['oom_above']}")
+            vectors = self.model.encode(
+                texts, batch_size=min(len(texts), pass_size), normalize_embeddings=self.normalize,
+                convert_to_numpy=True, show_progress_bar=False,
+            )
+            return vectors.astype(np.float32, copy=False), 0
+        except (torch.OutOfMemoryError, MemoryError):
+            if len(texts) == 1:
+                raise
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            half = len(texts) // 2
+            first, first_splits = self._encode(texts[:half], pass_size)
+            second, second_splits = self._encode(texts[half:], pass_size)
+            return np.vstack([first, second]), 1 + first_splits + second_splits
+
+    def _truncated(self, texts: list[str]) -> list[int]:
+        """Indices of texts longer than the model's token limit (they were embedded truncated)."""
+        # A token covers at least one character, so only texts longer than the limit
+        # (less the two special tokens) can exceed it; only those are tokenized.
+        candidates = [i for i, t in enumerate(texts) if len(t) > self.max_tokens - 2]
+        if not candidates:
+            return []
+        encoded = self.model.tokenizer(
+            [texts[i] for i in candidates], add_special_tokens=True, truncation=False, verbose=False
+        )["input_ids"]
+        return [i for i, ids in zip(candidates, encoded) if len(ids) > self.max_tokens]

@@ -1,0 +1,165 @@
+"""Resolving and loading the sentence-transformers model of a job.
+
+A model is pinned one of three ways: a hub name + revision (commit), a directory
+(`path`, e.g. baked into the worker image) or a Python distribution that ships the
+files (`package`). For the last two the recorded revision is a hash of the weights, so
+two actors with different files can never silently write under the same revision.
+
+The revision recorded with every vector also names the backend and precision that
+produced it (`tagged_revision`), so vectors of an int8 OpenVINO model never overwrite or
+mix with float32 torch vectors of the same weights. onnx and openvino models are
+exported once per job (`embedjob_worker.encode.exported`) and loaded from that export.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+from dataclasses import dataclass
+from pathlib import Path
+
+from embedjob.api import Model
+from embedjob.api import ModelBackend, ModelPrecision
+from embedjob.db import runs
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".onnx")
+# A directory holding a sentence-transformers model has one of these.
+_MODEL_MARKERS = ("modules.json", "config_sentence_transformers.json")
+REVISION_HEX_CHARS = 16
+# The revision columns (of the run rows and the vectors table) hold at most this many characters.
+REVISION_MAX_CHARS = runs.c.revision.type.length
+# A spec revision never contains "+" (its pattern), so the tag cannot be mistaken for one.
+BACKEND_TAG_SEPARATOR = "+"
+# What each backend needs installed in the worker image (sentence-transformers' extras).
+_BACKEND_DISTRIBUTIONS = {"onnx": (("optimum-onnx", "onnxruntime"), "sentence-transformers[onnx]"),
+                          "openvino": (("optimum-intel", "openvino", "nncf"), "sentence-transformers[openvino]")}
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str  # recorded with every vector
+    revision: str  # recorded with every vector
+    location: str  # directory, or hub repository id
+    hub_revision: str | None  # for hub models: the pinned commit to download
+    normalize: bool
+    max_seq_length: int | None
+    backend: str = ModelBackend.torch.value
+    precision: str = ModelPrecision.float32.value
+
+    @property
+    def exported(self) -> bool:
+        """Whether actors load an export (onnx, openvino) rather than the torch weights."""
+        return self.backend != ModelBackend.torch.value
+
+
+def tagged_revision(revision: str, backend: str, precision: str) -> str:
+    """The revision recorded with a vector: the weights' revision plus `+backend-precision`.
+
+    torch float32 keeps the bare revision (the vectors written before backends existed are
+    float32 torch vectors and stay valid); anything else is e.g. `3f2a...+openvino-int8`.
+    """
+    if (backend, precision) == (ModelBackend.torch.value, ModelPrecision.float32.value):
+        return revision
+    tagged = f"{revision}{BACKEND_TAG_SEPARATOR}{backend}-{precision}"
+    if len(tagged) > REVISION_MAX_CHARS:
+        raise ValueError(f"revision {revision!r} with backend {backend} and precision {precision} is longer than "
+                         f"{REVISION_MAX_CHARS} characters")
+    return tagged
+
+
+def check_backend_installed(backend: str) -> None:
+    """A clear refusal, naming the field, when the image lacks what a backend needs (checked
+    by distribution, without importing the heavy runtime)."""
+    distributions, extra = _BACKEND_DISTRIBUTIONS.get(backend, ((), ""))
+    missing = []
+    for distribution in distributions:
+        try:
+            importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(distribution)
+    if missing:
+        raise ValueError(f"backend {backend} needs {', '.join(missing)} ({extra}), not installed in this image")
+
+
+def package_model_dir(distribution: str) -> Path:
+    """The directory inside an installed distribution that holds the model files."""
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(f"model package {distribution!r} is not installed") from None
+    candidates = [
+        Path(dist.locate_file(f)).parent for f in dist.files or () if Path(str(f)).name in _MODEL_MARKERS
+    ]
+    if not candidates:
+        raise FileNotFoundError(f"package {distribution!r} ships no sentence-transformers model")
+    return min(candidates, key=lambda p: len(p.parts))
+
+
+def weights_revision(directory: str | Path) -> str:
+    """sha256 over the weight files (relative name + content), truncated: the path/package revision."""
+    directory = Path(directory)
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
+    if not files:
+        raise FileNotFoundError(f"no weight files ({', '.join(_WEIGHT_SUFFIXES)}) under {directory}")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(directory)).encode() + b"\x00")
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()[:REVISION_HEX_CHARS]
+
+
+def resolve_model(model: Model) -> ResolvedModel:
+    """Where to load the model from and which revision its vectors are recorded under."""
+    if model.path or model.package:
+        directory = Path(model.path) if model.path else package_model_dir(model.package)
+        location, revision, hub_revision = str(directory), weights_revision(directory), None
+    else:
+        location, revision, hub_revision = model.name, model.revision, model.revision
+    check_backend_installed(model.backend)
+    return ResolvedModel(model.name, tagged_revision(revision, model.backend, model.precision), location,
+                         hub_revision, model.normalize, model.max_seq_length, model.backend, model.precision)
+
+
+def loaded_revision(resolved: ResolvedModel) -> str:
+    """The tagged revision of the files at `resolved.location` (hashed again for path/package models)."""
+    if resolved.hub_revision is not None:
+        return tagged_revision(resolved.hub_revision, resolved.backend, resolved.precision)
+    return tagged_revision(weights_revision(resolved.location), resolved.backend, resolved.precision)
+
+
+def load_model(resolved: ResolvedModel, device: str, exported_dir: str | Path | None = None,
+               threads: int | None = None):
+    """The model in its backend and precision: onnx/openvino (on CPU, with `threads` threads) from
+    `exported_dir`, an export of `embedjob_worker.encode.exported`; torch from its own files, cast to a
+    half precision if asked."""
+    from sentence_transformers import SentenceTransformer
+
+    if resolved.exported:
+        if exported_dir is None:
+            raise ValueError(f"backend {resolved.backend} loads an exported model; none was given")
+        model = SentenceTransformer(str(exported_dir), backend=resolved.backend, device="cpu",
+                                    model_kwargs=_runtime_threads(resolved.backend, threads))
+    else:
+        model = SentenceTransformer(resolved.location, revision=resolved.hub_revision, device=device)
+        if resolved.precision != ModelPrecision.float32.value:
+            import torch
+
+            model.to(getattr(torch, resolved.precision))
+    if resolved.max_seq_length:
+        model.max_seq_length = resolved.max_seq_length
+    return model
+
+
+def _runtime_threads(backend: str, threads: int | None) -> dict:
+    """onnxruntime and OpenVINO use every core of the node unless told: an actor gets its CPUs' worth."""
+    if not threads:
+        return {}
+    if backend == ModelBackend.openvino.value:
+        return {"ov_config": {"INFERENCE_NUM_THREADS": str(threads)}}
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    return {"session_options": options}

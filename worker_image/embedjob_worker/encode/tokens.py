@@ -1,0 +1,115 @@
+"""The job model's own tokenizer in the driver: token counts for token-budget batches, and the chunker.
+
+Only the tokenizer is loaded (not the weights): the driver plans batches and chunks, the
+actors embed them. A count is what the model's forward pass pads to: the text stripped as
+sentence-transformers strips it, with the special tokens, capped at the model's limit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from embedjob.api import Chunking
+
+from embedjob_worker.plan.batching import TokenBudget
+from embedjob_worker.plan.chunking import Chunker
+from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.encode.model import ResolvedModel
+
+# A model whose tokenizer states no limit (model_max_length is then a huge number) gets no default chunk size.
+_LARGEST_DEFAULT_CHUNK = 8192
+
+
+def tokenizer_location(model_location: str) -> str:
+    """Where the tokenizer of a sentence-transformers model lives: its Transformer module's
+    directory (modules.json), the model directory itself, or the hub id unchanged."""
+    directory = Path(model_location)
+    modules_file = directory / "modules.json"
+    if not modules_file.is_file():
+        return model_location
+    for module in json.loads(modules_file.read_text()):
+        if module.get("type", "").endswith(".Transformer"):
+            return str(directory / module.get("path", ""))
+    return model_location
+
+
+def model_token_limit(resolved: ResolvedModel) -> int | None:
+    """The token limit the actors will load the model with, read without loading it: the job's
+    maxSeqLength, else the model's sentence_bert_config.json; None when neither says (the
+    tokenizer's own limit then applies). Read in the driver because batches are planned before
+    any actor starts (an unchanged incremental re-run starts none)."""
+    if resolved.max_seq_length:
+        return resolved.max_seq_length
+    config = Path(resolved.location) / "sentence_bert_config.json"
+    try:
+        limit = json.loads(config.read_text()).get("max_seq_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
+def load_tokenizer(resolved: ResolvedModel):
+    """The model's tokenizer (transformers' AutoTokenizer), without the weights."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_location(resolved.location), revision=resolved.hub_revision)
+
+
+class TokenCounter:
+    """Callable: texts -> their token counts, each at most `limit`."""
+
+    def __init__(self, resolved: ResolvedModel, limit: int | None, tokenizer=None):
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(resolved)
+        self.limit = limit or self.tokenizer.model_max_length
+
+    def __call__(self, texts: list[str]) -> list[int]:
+        encoded = self.tokenizer([t.strip() for t in texts], add_special_tokens=True, truncation=True,
+                                 max_length=self.limit, return_attention_mask=False, return_token_type_ids=False,
+                                 verbose=False)["input_ids"]
+        return [len(ids) for ids in encoded]
+
+
+def token_budget(max_tokens: int | None, resolved: ResolvedModel, limit: int | None,
+                 tokenizer=None) -> TokenBudget | None:
+    """The job's token budget (None without spec.batching.maxTokens); `limit` is the model's
+    token limit (model_token_limit; None: the tokenizer's). `tokenizer`: one already loaded."""
+    if max_tokens is None:
+        return None
+    try:
+        return TokenBudget(max_tokens, TokenCounter(resolved, limit, tokenizer))
+    except (OSError, ValueError) as exc:
+        raise _no_tokenizer("spec.batching.maxTokens", exc) from None
+
+
+def _no_tokenizer(field: str, exc: Exception) -> JobFailed:
+    return JobFailed("ModelUnavailable", f"{field} needs the model's tokenizer in the driver: {type(exc).__name__}: "
+                                         f"{exc}")
+
+
+def chunker_for(chunking: Chunking | None, resolved: ResolvedModel, limit: int | None, tokenizer=None) -> Chunker | None:
+    """The job's chunker (None without spec.chunking), chunks of at most `limit` tokens (model_token_limit;
+    None: the tokenizer's); refused (ChunkingUnsupported) naming the field when the model cannot take them."""
+    if chunking is None:
+        return None
+    try:
+        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(resolved)
+    except (OSError, ValueError) as exc:
+        raise _no_tokenizer("spec.chunking", exc) from None
+    stated = limit is not None or tokenizer.model_max_length <= _LARGEST_DEFAULT_CHUNK
+    limit = limit or tokenizer.model_max_length
+    if chunking.max_tokens is None and not stated:
+        raise JobFailed("ChunkingUnsupported", f"spec.chunking.maxTokens: model {resolved.name} states no token limit; "
+                                               "set maxTokens (or model.maxSeqLength)")
+    max_tokens = chunking.max_tokens or limit
+    if max_tokens > limit:
+        raise JobFailed("ChunkingUnsupported", f"spec.chunking.maxTokens: {max_tokens} is more than model "
+                                               f"{resolved.name}'s token limit {limit}; the model would truncate the "
+                                               f"chunks: set at most {limit}")
+    if not getattr(tokenizer, "is_fast", False):
+        raise JobFailed("ChunkingUnsupported", f"spec.chunking: model {resolved.name} has no fast tokenizer "
+                                               "(tokenizer.json), which the chunks' character offsets come from")
+    try:
+        return Chunker(tokenizer.backend_tokenizer, max_tokens, chunking.overlap_tokens)
+    except ValueError as exc:
+        raise JobFailed("ChunkingUnsupported", f"spec.chunking.overlapTokens: {exc}") from None

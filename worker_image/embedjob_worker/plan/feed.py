@@ -1,0 +1,108 @@
+"""The input feed: the source's records, classified, cut into the batches this run still has to embed."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import psycopg
+
+from embedjob.api import EmbeddingJobSpec
+
+from embedjob_worker.plan.batching import Batch, TokenBudget, make_batches
+from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.core.metrics import DriverMetrics
+from embedjob_worker.core.records import BadRecord, RawRecord, Record, Span
+from embedjob_worker.plan.checks import IdRegistry, classify_records
+from embedjob_worker.core.outcome import DoneBatch
+from embedjob_worker.source.files import source_records
+from embedjob_worker.core.tally import RunTally
+
+# Bad records are handed to the writer at least every this many, valid batches or not: a
+# wrong textField (every record bad) must not hold the whole input in memory.
+BAD_RECORDS_GROUP = 1000
+# Consecutive batches are checked against the stored hashes together, up to this many records
+# (one query a group; a sort window's worth, which make_batches holds in memory anyway).
+LOOKUP_RECORDS = 4096
+
+
+def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: dict[str, DoneBatch], tally: RunTally,
+                     metrics: DriverMetrics, on_bad_records: Callable[[list[BadRecord]], None],
+                     ids: IdRegistry | None = None, source_database_url: str | None = None,
+                     to_embed: Callable[[list[Batch]], Sequence[Batch | None]] | None = None,
+                     budget: TokenBudget | None = None,
+                     chunker: Callable[[list[str]], list[tuple[Span, ...]]] | None = None) -> Iterator[Batch]:
+    """Stream the batches of valid records (batch ids derive from `key`), skipping those in
+    `done_before` (the batches an earlier session of the job wrote, by id). `ids`
+    decides duplicate ids (records.classify_records; the driver's keeps them in PostgreSQL).
+    A table source is read from `source_database_url`. `to_embed` keeps the part of each of
+    a group of batches (up to LOOKUP_RECORDS records) the model still has to embed, None
+    for a batch with nothing left (incremental.IncrementalFeed).
+    `budget` (spec.batching.maxTokens) cuts batches by padded tokens instead of by count;
+    `chunker` (spec.chunking) cuts each record into chunks, and batches hold whole records' chunks.
+
+    Bad records go to `on_bad_records` before the next group of batches, or once BAD_RECORDS_GROUP of
+    them have piled up; once the input has been read through, the tally learns its totals.
+    """
+    bad: list[BadRecord] = []
+    positions = itertools.count()
+
+    def valid(raw_records: Iterable[RawRecord]) -> Iterator[Record]:
+        for item in classify_records(raw_records, ids):
+            next(positions)
+            match item:
+                case Record():
+                    yield item
+                case BadRecord():
+                    bad.append(item)
+                    if len(bad) >= BAD_RECORDS_GROUP:
+                        hand_over_bad()
+
+    def hand_over_bad() -> None:
+        if bad:
+            tally.rejected(len(bad))
+            metrics.records.labels("failed").inc(len(bad))
+            on_bad_records(list(bad))
+            bad.clear()
+
+    source, batching = spec.source, spec.batching
+    raw = source_records(source, uri, source_database_url)
+    total = 0
+    try:
+        for group in lookup_groups(make_batches(valid(raw), batching.batch_size, batching.sort_window, key, budget,
+                                                chunker)):
+            hand_over_bad()
+            total += len(group)
+            pending = []
+            for batch in group:
+                if batch.batch_id in done_before:
+                    tally.skipped(done_before[batch.batch_id])
+                    metrics.batches.labels("skipped").inc()
+                else:
+                    pending.append(batch)
+            for batch in (pending if to_embed is None else to_embed(pending)):
+                if batch is None:
+                    metrics.batches.labels("skipped").inc()
+                else:
+                    yield batch
+    except (OSError, ValueError, KeyError, psycopg.Error) as exc:
+        raise JobFailed("SourceUnreadable", f"reading {uri}: {type(exc).__name__}: {exc}") from None
+    hand_over_bad()
+    tally.input_read(batches=total, records=next(positions))
+
+
+def lookup_groups(batches: Iterable[Batch]) -> Iterator[list[Batch]]:
+    """Consecutive batches in lists of at least one batch and at most LOOKUP_RECORDS records (unless one holds more)."""
+    group: list[Batch] = []
+    records = 0
+    for batch in batches:
+        if group and records + len(batch.records) > LOOKUP_RECORDS:
+            yield group
+            group, records = [], 0
+        group.append(batch)
+        records += len(batch.records)
+        if records >= LOOKUP_RECORDS:  # full: not held until the next batch (the next window) is read
+            yield group
+            group, records = [], 0
+    if group:
+        yield group

@@ -1,0 +1,162 @@
+"""Incremental runs: which records of a batch still need the model, and deleting the vectors of ids gone.
+
+Before batches are dispatched, one query reads the stored content hashes of their record
+ids (this collection, model and revision; the vectors table's primary key serves it), for
+a group of consecutive batches at a time (feed.LOOKUP_RECORDS records): one round trip per
+group, not per batch.
+A record is `new` without a stored vector, `changed` when the hash differs, and
+`unchanged` when it matches: that record is neither sent to the model nor written. A
+match written by a batch of this same run (a resumed run) was counted when it was
+written, so it is `already written`, not unchanged. The new and changed records of a
+batch that holds others too form a batch whose id derives from its parent's id and their
+ids: as stable across sessions as the parent's, and never the id of a batch with other
+records (a batch row's record count stays true).
+
+With sync.deleteMissing, the end of a successful run deletes the vectors whose id the
+run did not read: the run's embedjob_seen_ids rows are every id it read (valid or not).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Container
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from embedjob import db
+
+from embedjob_worker.plan.batching import Batch, batch_id
+from embedjob_worker.sink.copy_data import content_hash
+from embedjob_worker.core.errors import retry_database
+from embedjob_worker.core.logs import log_event
+from embedjob_worker.sink.postgres import REFUSED_START_REASONS
+from embedjob_worker.core.tally import RunTally
+
+log = logging.getLogger("embedjob_worker.sink.incremental")
+
+# Chunk 0 stands for its record: all of a record's chunks are written together, with the record's hash.
+_STORED_SQL = ('SELECT record_id, content_hash, batch_id FROM "{table}" WHERE collection = :collection'
+               " AND model = :model AND revision = :revision AND record_id = ANY(:ids) AND chunk = 0")
+_EXISTS_SQL = sa.text("SELECT to_regclass(:table) IS NOT NULL")
+# Every chunk of a record gone; the count is of records.
+_DELETE_MISSING_SQL = """
+WITH gone AS (
+  DELETE FROM "{table}" AS v
+  WHERE v.collection = :collection AND v.model = :model AND v.revision = :revision
+    AND NOT EXISTS (SELECT 1 FROM embedjob_seen_ids s WHERE s.run_id = :run_id AND s.record_id = v.record_id)
+  RETURNING v.record_id)
+SELECT count(DISTINCT record_id) FROM gone
+"""
+
+
+@dataclass(frozen=True)
+class BatchChanges:
+    """A batch split by what its records' stored vectors say."""
+
+    to_embed: Batch | None  # the new and changed records (module docstring); None when there are none
+    new: int
+    changed: int
+    unchanged: int
+    already_written: int  # by this run, before it was resumed
+
+
+class StoredHashes:
+    """The content hashes in the vectors table for one collection, model and revision."""
+
+    def __init__(self, engine: sa.Engine, table: str, collection: str, model: str, revision: str, salt: bytes):
+        self.engine, self.salt = engine, salt
+        self.scope = {"collection": collection, "model": model, "revision": revision}
+        self.stored_sql = sa.text(_STORED_SQL.format(table=table))
+        self.quoted_table, self.table_exists = f'"{table}"', False
+
+    def _stored(self, ids: list[str]) -> dict[str, sa.Row]:
+        with self.engine.connect() as conn:
+            if not self.table_exists:  # the first run's first batches come before the table does
+                self.table_exists = conn.execute(_EXISTS_SQL, {"table": self.quoted_table}).scalar_one()
+                if not self.table_exists:
+                    return {}
+            # .all(): one fetch of every row, not a Python call per row
+            return {row.record_id: row for row in conn.execute(self.stored_sql, {**self.scope, "ids": ids}).all()}
+
+    def changes(self, batches: list[Batch], run_batches: Container[str]) -> list[BatchChanges]:
+        """Split each of `batches` (one query for all); `run_batches` holds the ids of the batches this run
+        has written."""
+        stored = self._stored([r.id for batch in batches for r in batch.records]) if batches else {}
+        return [self._split(batch, stored, run_batches) for batch in batches]
+
+    def _split(self, batch: Batch, stored: dict[str, sa.Row], run_batches: Container[str]) -> BatchChanges:
+        to_embed, new = [], 0
+        unchanged = already_written = 0
+        for record in batch.records:
+            row = stored.get(record.id)
+            if row is None:
+                new += 1
+                to_embed.append(record)
+            elif row.content_hash != content_hash(self.salt, record.text.encode()):
+                to_embed.append(record)
+            elif row.batch_id in run_batches:
+                already_written += 1
+            else:
+                unchanged += 1
+        if not to_embed or len(to_embed) == len(batch.records):
+            kept = batch if to_embed else None
+        else:  # a part of the batch is a batch of its own, with an id as stable as its parent's
+            kept = Batch(batch_id(batch.batch_id, (r.id for r in to_embed)), tuple(to_embed))
+        return BatchChanges(kept, new, len(to_embed) - new, unchanged, already_written)
+
+
+class IncrementalFeed:
+    """What the feed asks before each group of batches: the part of each the model still has to embed (counted
+    in the tally)."""
+
+    def __init__(self, stored: StoredHashes, run_batches: Container[str], tally: RunTally):
+        self.stored, self.run_batches, self.tally = stored, run_batches, tally
+
+    def to_embed(self, batches: list[Batch]) -> list[Batch | None]:
+        """Each batch's part still to embed, None for a batch with nothing left."""
+        kept = []
+        for found in retry_database(lambda: self.stored.changes(batches, self.run_batches), "stored_hashes"):
+            self.tally.up_to_date(found.unchanged, found.already_written, whole_batch=found.to_embed is None)
+            if found.to_embed is not None:
+                self.tally.classified(found.to_embed.batch_id, found.new, found.changed)
+            kept.append(found.to_embed)
+        return kept
+
+
+def delete_missing(engine: sa.Engine, table: str, collection: str, model: str, revision: str, run_id: str) -> int:
+    """Delete the vectors (of this collection, model and revision; every chunk) whose id run `run_id` did
+    not read; how many records they were."""
+    with engine.begin() as conn:
+        if not conn.execute(_EXISTS_SQL, {"table": f'"{table}"'}).scalar_one():
+            return 0  # nothing was ever embedded into it
+        deleted = conn.execute(sa.text(_DELETE_MISSING_SQL.format(table=table)),
+                               {"collection": collection, "model": model, "revision": revision,
+                                "run_id": run_id}).scalar_one()
+    log_event(log, "vectors_deleted", run=run_id, collection=collection, deleted=deleted)
+    return deleted
+
+
+def latest_run_succeeded(engine: sa.Engine, job_key: str) -> bool:
+    """Whether the job's latest run that got to start (sink.start_run resumes that one) succeeded."""
+    runs = db.runs
+    with engine.connect() as conn:
+        state = conn.execute(sa.select(runs.c.state).where(runs.c.job_key == job_key).where(
+            sa.or_(runs.c.reason.is_(None), runs.c.reason.not_in(REFUSED_START_REASONS)))
+            .order_by(runs.c.started_at.desc()).limit(1)).scalar()
+    return state == "succeeded"
+
+
+def forget_seen_ids(engine: sa.Engine, run_id: str) -> None:
+    """A resumed table run claims its ids afresh: rows inserted or deleted since its last session
+    moved the positions, and an id's old, lower position would make its row a duplicate."""
+    with engine.begin() as conn:
+        conn.execute(db.seen_ids.delete().where(db.seen_ids.c.run_id == run_id))
+
+
+def run_batch_ids(engine: sa.Engine, job_key: str, run_id: str) -> set[str]:
+    """The batches run `run_id` of the job has written (a resumed run's earlier sessions)."""
+    batches = db.batches
+    with engine.connect() as conn:
+        return set(conn.execute(sa.select(batches.c.batch_id).where(
+            batches.c.job_key == job_key, batches.c.run_id == run_id, batches.c.state == "succeeded")).scalars())

@@ -1,0 +1,38 @@
+"""Duplicate record ids decided by PostgreSQL (embedjob_seen_ids), so driver memory stays flat as the input grows."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from embedjob_worker.core.errors import retry_database
+
+# Each claimed id is stored with the lowest position it was seen at; a claim is the first
+# occurrence when that lowest position is its own. The same input read again (a resumed
+# run) therefore gets the same answers.
+_CLAIM_SQL = sa.text("""
+INSERT INTO embedjob_seen_ids AS s (run_id, record_id, position)
+SELECT :run_id, c.record_id, min(c.position)
+FROM unnest(CAST(:ids AS text[]), CAST(:positions AS bigint[])) AS c(record_id, position)
+GROUP BY c.record_id
+ON CONFLICT (run_id, record_id) DO UPDATE SET position = LEAST(s.position, excluded.position)
+RETURNING position
+""")
+
+
+class SeenIds:
+    """The run's IdRegistry (records.IdRegistry) in PostgreSQL: one statement per chunk of claims."""
+
+    def __init__(self, engine: sa.Engine, run_id: str):
+        self.engine, self.run_id = engine, run_id
+
+    def first_occurrences(self, claims: list[tuple[str, int]]) -> set[int]:
+        if not claims:
+            return set()
+        ids, positions = zip(*claims)
+        params = {"run_id": self.run_id, "ids": list(ids), "positions": list(positions)}
+
+        def claim() -> set[int]:  # a claim repeated after a lost connection returns the same positions
+            with self.engine.begin() as conn:
+                return set(conn.execute(_CLAIM_SQL, params).scalars().all())
+
+        return retry_database(claim, "claim_ids")

@@ -1,0 +1,92 @@
+"""The vectors table's shape: created for the model's type and dimension, or brought up to the chunk columns in place.
+
+A table created before chunking keys its rows by (collection, record id, model, revision)
+and has no `chunk`, `char_start` or `char_end`. Writing chunks into it would be wrong, so
+before a run reads or writes it the driver upgrades it in place when its role owns the
+table (each old row is chunk 0 over its whole text, which is what it holds), and refuses
+the run naming the table and the fix otherwise. docs/chunking.md has the statements.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import sqlalchemy as sa
+
+from embedjob import db
+
+from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.core.logs import log_event
+from embedjob_worker.sink.vector_index import BUILD_TIMEOUT_S
+
+log = logging.getLogger("embedjob_worker.sink.vectors_table")
+
+_COLUMNS_SQL = sa.text("SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:t) AND attnum > 0"
+                       " AND NOT attisdropped")
+_OWNED_SQL = sa.text("SELECT pg_has_role(relowner, 'USAGE'), current_user FROM pg_class WHERE oid = to_regclass(:t)")
+_PRIMARY_KEY_SQL = sa.text("SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(:t) AND contype = 'p'")
+CHUNK_COLUMNS = ("chunk", "char_start", "char_end")
+
+
+def upgrade_statements(table: str, primary_key: str) -> list[str]:
+    """What makes a vectors table from before chunking one of today's: every old row is chunk 0 of its text."""
+    return [
+        f'ALTER TABLE "{table}" ADD COLUMN chunk integer NOT NULL DEFAULT 0,'
+        " ADD COLUMN char_start integer NOT NULL DEFAULT 0, ADD COLUMN char_end integer",
+        f'UPDATE "{table}" SET char_end = char_length(text)',
+        f'ALTER TABLE "{table}" ALTER COLUMN chunk DROP DEFAULT, ALTER COLUMN char_start DROP DEFAULT,'
+        f' ALTER COLUMN char_end SET NOT NULL, DROP CONSTRAINT "{primary_key}",'
+        " ADD PRIMARY KEY (collection, record_id, chunk, model, revision)",
+    ]
+
+
+def upgrade_vectors_table(engine: sa.Engine, table: str) -> bool:
+    """Add the chunk columns to an existing vectors table that lacks them; whether it did.
+    JobFailed (VectorsTableOutdated) when this role does not own the table."""
+    quoted = f'"{table}"'
+    with engine.begin() as conn:
+        # Serialised with the table's creation and other drivers' upgrades of it.
+        conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": table})
+        columns = set(conn.execute(_COLUMNS_SQL, {"t": quoted}).scalars())
+        if not columns or "chunk" in columns:
+            return False  # not there yet (the run creates it), or already of today's shape
+        owned, role = conn.execute(_OWNED_SQL, {"t": quoted}).one()
+        primary_key = conn.execute(_PRIMARY_KEY_SQL, {"t": quoted}).scalar_one_or_none()
+        if not owned or primary_key is None or columns & set(CHUNK_COLUMNS):
+            why = (f"role {role} does not own it, so the driver may not add them" if not owned else
+                   "its primary key or columns are not the ones embedjob created")
+            raise JobFailed("VectorsTableOutdated",
+                            f"spec.sink.table: table {table} was created before chunking: it has no chunk column in "
+                            f"its primary key, and {why}. Its owner runs one job on it (the driver adds the chunk "
+                            "columns in place) or the statements in docs/chunking.md; or set spec.sink.table to "
+                            "another table")
+        timeout_ms = str(BUILD_TIMEOUT_S * 1000)  # rewrites every row: as long as an index build may take
+        conn.execute(sa.text("SELECT set_config('statement_timeout', :t, true), set_config('lock_timeout', :t, true)"),
+                     {"t": timeout_ms})
+        started = time.monotonic()
+        for statement in upgrade_statements(table, primary_key):
+            conn.execute(sa.text(statement))
+    log_event(log, "vectors_table_upgraded", logging.WARNING, table=table, columns=",".join(CHUNK_COLUMNS),
+              seconds=round(time.monotonic() - started, 2))
+    return True
+
+
+def ensure_vectors_table(engine: sa.Engine, table: str, dim: int, vector_type: str) -> None:
+    """Create the vectors table unless it exists; refuse one of another vector type or dimension."""
+    with engine.begin() as conn:
+        # Drivers of two jobs sharing a table may start together; CREATE TABLE's
+        # check-then-create is not atomic (a duplicate pg_type row otherwise).
+        conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": table})
+        db.vectors_table(table, dim, vector_type=vector_type).create(conn, checkfirst=True)
+        existing_type, existing_dim = conn.execute(sa.text(
+            "SELECT atttypid::regtype::text, atttypmod FROM pg_attribute"
+            " WHERE attrelid = CAST(:t AS regclass) AND attname = 'embedding'"
+        ), {"t": f'"{table}"'}).one()
+    if existing_type != vector_type:  # never mixed: each write and search casts to one type
+        raise JobFailed("VectorTypeMismatch",
+                        f"table {table} holds {existing_type}({existing_dim}) vectors but spec.sink.vectorType "
+                        f"is {vector_type}: set vectorType {existing_type}, or write to another table")
+    if existing_dim != dim:
+        raise JobFailed("VectorDimensionMismatch", f"table {table} holds {existing_type}({existing_dim}) but "
+                                                   f"the model gives {dim} dimensions")

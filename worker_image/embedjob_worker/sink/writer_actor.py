@@ -1,0 +1,56 @@
+"""The GroupWriter Ray actor: writes groups of finished batches on its own connection, vectors from Ray's object store."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.core.outcome import BatchOutcome
+from embedjob_worker.sink.postgres import PostgresSink
+from embedjob_worker.sink.writer import write_group
+
+
+class GroupWriter:
+    """One of spec.sink.writers: `write` is the driver's writer thread's group write (writer.write_group).
+
+    The driver hands it a group's metadata (ids, texts, attempts) with the ObjectRefs of the
+    vectors the EmbeddingWorkers returned; the vectors are fetched here, so they never pass
+    through the driver. The database URL comes with `open`, an actor call (not the creation
+    arguments, which Ray keeps in its control store).
+    """
+
+    def __init__(self) -> None:
+        self.sink: PostgresSink | None = None
+        self.run_id = ""
+        self.worker = f"{socket.gethostname()}/{os.getpid()}"[:128]
+
+    def open(self, url: str, run_id: str, settings: dict) -> str:
+        """Connect (checked now, not at the first group); `settings` as writer_pool.sink_settings gives them."""
+        self.sink = PostgresSink(url, settings["job_key"], settings["collection"], settings["table"],
+                                 settings["salt"], settings["vector_type"])
+        self.sink.model, self.sink.revision, self.sink.session = (settings["model"], settings["revision"],
+                                                                  settings["session"])
+        self.run_id = run_id
+        with self.sink.engine.connect():
+            pass
+        return self.worker
+
+    def write(self, outcomes: list[BatchOutcome]) -> list[str]:
+        """Write the group in one transaction; the ids of the batches written (see PostgresSink.write)."""
+        import ray
+        from ray.exceptions import ObjectLostError
+
+        succeeded = [o for o in outcomes if o.state == "succeeded"]
+        try:
+            vectors = ray.get([o.vectors for o in succeeded])
+        except ObjectLostError as exc:  # its node is gone (the driver owns them: not an actor's death)
+            raise JobFailed("VectorsLost", f"the vectors of a finished batch were lost before they were written: "
+                                           f"{str(exc).splitlines()[0]}; a re-run embeds the batches not written")
+        for outcome, batch_vectors in zip(succeeded, vectors):
+            outcome.vectors = batch_vectors
+        return [o.batch_id for o in write_group(self.sink, self.run_id, outcomes, [])]
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()

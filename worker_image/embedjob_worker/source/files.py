@@ -1,0 +1,196 @@
+"""Streaming readers for the job's input: JSONL, CSV and Parquet, local or via fsspec (a table: table_source).
+
+Nothing here loads a whole file: JSONL and CSV are read line by line, Parquet batch by
+batch (pyarrow `iter_batches`), and a line over MAX_RECORD_BYTES is skipped in bounded
+pieces and recorded as oversized. Bytes that are not UTF-8 are kept (surrogateescape) so
+that the record is still identified and rejected as `invalid_utf8`, not the whole file.
+A record the reader cannot parse (deep nesting, a cut-off compressed stream) is a bad
+record with a reason; the records around it are read as usual.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import fsspec
+
+from embedjob.api import Source
+
+from embedjob_worker.core.records import MAX_RECORD_BYTES, BadReason, RawRecord
+
+_PARQUET_BATCH_ROWS = 4096
+_BOM = "\ufeff"
+# What a compressed input that ends early raises (gzip/bz2/lzma through fsspec).
+_CUT_OFF_STREAM = (EOFError, zlib.error)
+_CUT_OFF_DETAIL = "the input ends in the middle of a compressed stream (a truncated file?)"
+
+
+class OversizedLine:
+    """Stands for a line over MAX_RECORD_BYTES that was skipped without being kept."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    @property
+    def detail(self) -> str:
+        return f"line of {self.size} bytes or more, over the limit of {MAX_RECORD_BYTES}"
+
+
+def bounded_lines(f: IO, limit: int = MAX_RECORD_BYTES) -> Iterator:
+    """The lines of a file object (bytes or str), an OversizedLine for each one over `limit`.
+
+    A file without newlines is read in pieces of `limit`, so memory stays bounded.
+    """
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit:
+            yield line
+            continue
+        size = len(line)
+        while not line.endswith(("\n", b"\n")[isinstance(line, bytes)]):
+            line = f.readline(limit)
+            if not line:
+                break
+            size += len(line)
+        yield OversizedLine(size)
+
+
+def resolve_uri(uri: str, base_dir: Path | None) -> str:
+    """A relative local path resolves against base_dir; URLs and absolute paths stay."""
+    if "://" in uri or base_dir is None or Path(uri).is_absolute():
+        return uri
+    return str((base_dir / uri).resolve())
+
+
+def source_records(source: Source, uri: str, database_url: str | None) -> Iterator[RawRecord]:
+    """The records of spec.source: its file at `uri`, or its table (read from `database_url`)."""
+    if source.table is not None:
+        from embedjob_worker.source.table import read_table_records  # psycopg: only table sources need it
+
+        return read_table_records(database_url, source.table)
+    return read_records(uri, source.format, source.id_field, source.text_field)
+
+
+def read_records(uri: str, fmt: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
+    readers = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}
+    return readers[fmt](uri, id_field, text_field)
+
+
+def count_records(uri: str, fmt: str) -> int | None:
+    """A cheap record count for progress bars: Parquet metadata, or newlines of a local file."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        with fsspec.open(uri, "rb") as f:
+            return pq.ParquetFile(f).metadata.num_rows
+    if "://" in uri and not uri.startswith("file://"):
+        return None
+    with fsspec.open(uri, "rb", compression="infer") as f:
+        lines = sum(1 for line in bounded_lines(f) if isinstance(line, OversizedLine) or line.strip())
+    # The CSV header is not a record; quoted multi-line CSV cells make this an estimate.
+    return lines - 1 if fmt == "csv" else lines
+
+
+def _read_jsonl(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
+    with fsspec.open(uri, "rb", compression="infer") as f:
+        position = 0
+        lines = bounded_lines(f)
+        while True:
+            try:
+                line = next(lines, None)
+            except _CUT_OFF_STREAM:
+                yield RawRecord(position, None, None, BadReason.malformed_record, _CUT_OFF_DETAIL)
+                return
+            if line is None:
+                return
+            if isinstance(line, OversizedLine):
+                yield RawRecord(position, None, None, BadReason.oversized_record, line.detail)
+            elif line.strip():
+                yield _jsonl_record(position, line.decode("utf-8", errors="surrogateescape").removeprefix(_BOM),
+                                    id_field, text_field)
+            else:
+                continue
+            position += 1
+
+
+def _jsonl_record(position: int, line: str, id_field: str, text_field: str) -> RawRecord:
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        return RawRecord(position, None, None, BadReason.malformed_record, f"not JSON: {exc}"[:200])
+    except RecursionError:
+        return RawRecord(position, None, None, BadReason.malformed_record, "JSON nested too deeply")
+    if not isinstance(obj, dict):
+        return RawRecord(position, None, None, BadReason.malformed_record, "not a JSON object")
+    return RawRecord(position, obj.get(id_field), obj.get(text_field))
+
+
+def _csv_lines(text: IO[str], skipped: list[OversizedLine]) -> Iterator[str]:
+    """The CSV's physical lines; an oversized one becomes a line the parser rejects as an
+    over-long field (and is noted in `skipped`), so it costs one record, not the file."""
+    for line in bounded_lines(text):
+        if isinstance(line, OversizedLine):
+            skipped.append(line)
+            line = '"' + "x" * (MAX_RECORD_BYTES + 1) + "\n"
+        yield line
+
+
+def _read_csv(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
+    # A cell may be as large as a record may be (the csv module's default stops at 128 KiB).
+    csv.field_size_limit(MAX_RECORD_BYTES)
+    with fsspec.open(uri, "rb", compression="infer") as raw:
+        # utf-8-sig: a BOM is not part of the first column's name.
+        text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
+        skipped: list[OversizedLine] = []
+        rows = csv.reader(_csv_lines(text, skipped))
+        try:
+            header = next(rows, None)
+        except (csv.Error, *_CUT_OFF_STREAM) as exc:
+            raise ValueError(f"the CSV header cannot be read: {exc}") from None
+        if header is None:
+            return
+        position = 0
+        while True:
+            try:
+                row = next(rows, None)
+            except csv.Error as exc:
+                detail = skipped.pop().detail if skipped else f"not a CSV row: {exc}"
+                yield RawRecord(position, None, None, BadReason.oversized_record if "field larger" in str(exc)
+                                else BadReason.malformed_record, detail[:200])
+                position += 1
+                continue
+            except _CUT_OFF_STREAM:
+                yield RawRecord(position, None, None, BadReason.malformed_record, _CUT_OFF_DETAIL)
+                return
+            if row is None:
+                return
+            if not row:  # a blank line is no record (as csv.DictReader has it)
+                continue
+            cells = dict(zip(header, row))
+            # A cell missing from a short row is None: the CSV form of null.
+            yield RawRecord(position, cells.get(id_field), cells.get(text_field))
+            position += 1
+
+
+def _read_parquet(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
+    import pyarrow.parquet as pq
+
+    with fsspec.open(uri, "rb") as f:
+        parquet = pq.ParquetFile(f)
+        position = 0
+        for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[id_field, text_field]):
+            ids = batch.column(id_field).to_pylist()
+            texts = batch.column(text_field).to_pylist()
+            for record_id, text in zip(ids, texts):
+                if isinstance(text, bytes):  # a binary column: decode like the text formats
+                    text = text.decode("utf-8", errors="surrogateescape")
+                yield RawRecord(position, record_id, text)
+                position += 1
