@@ -37,13 +37,17 @@ from tiny_model import build_tiny_model
 
 from embedjob_worker.plan.batching import batch_key, make_batches
 from embedjob_worker.sink.copy_data import content_salt
+from embedjob import db
 from embedjob_worker.plan.feed import lookup_groups
 from embedjob_worker.sink.incremental import StoredHashes
 from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.core.records import Record
 from embedjob_worker.plan.checks import classify_records
 from embedjob_worker.sink.seen_ids import SeenIds
-from embedjob_worker.sink.postgres import PostgresSink
+from embedjob_worker.sink.postgres import PostgresSink, open_engine
+from embedjob_worker.sink.runs import JobRuns, RunRequest
+from embedjob_worker.sink.target import SinkTarget
+from embedjob_worker.sink.vectors_table import ensure_vectors_table
 from embedjob_worker.source.files import read_records
 
 STAGES = ("read", "check", "plan", "dispatch", "transfer", "write")
@@ -76,17 +80,19 @@ def stage_round(path: Path, records: int, dim: int, batch_size: int) -> dict[str
 
     with tempfile.TemporaryDirectory() as tmp:
         server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="delete")
-        sink = PostgresSink(server.get_uri(), "bench/dataplane", "bench", "embeddings", content_salt(True, None))
+        target = SinkTarget("bench/dataplane", "bench", "embeddings", content_salt(True, None))
+        sink = PostgresSink(open_engine(server.get_uri()), target)
         try:
-            sink.migrate()
-            run = sink.start_run("dataplane", "bench", "m", "r", "input", "config", new_run=False)
-            sink.ensure_vectors_table(dim)
+            db.migrate(server.get_uri())
+            run = JobRuns(sink.engine, target, "dataplane", "bench").start(RunRequest("m", "r", "input", "config"),
+                                                                           new_run=False).run
+            ensure_vectors_table(sink.engine, target.table, dim, target.vector_type)
             figures = {}
             figures["read"], raw = cpu_per_record(records, lambda: list(read_records(str(path), "jsonl", "id", "text")))
             figures["check"], checked = cpu_per_record(
                 records, lambda: list(classify_records(raw, SeenIds(sink.engine, run.run_id))))
             valid = [r for r in checked if isinstance(r, Record)]
-            stored = StoredHashes(sink.engine, "embeddings", "bench", "m", "r", sink.salt)
+            stored = StoredHashes(sink.engine, "embeddings", "bench", "m", "r", target.salt)
 
             def plan():
                 batches = list(make_batches(valid, batch_size, 4096, batch_key("input", "config")))
@@ -109,12 +115,12 @@ def stage_round(path: Path, records: int, dim: int, batch_size: int) -> dict[str
                                                                                      now())], now(), vectors=v)
                         for b, v in zip(batches, vectors)]
             figures["write"], _ = cpu_per_record(records, lambda: [
-                sink.write(run.run_id, outcomes[i:i + GROUP_BATCHES], [])
+                sink.write(run, outcomes[i:i + GROUP_BATCHES], [])
                 for i in range(0, len(outcomes), GROUP_BATCHES)])
             ray.kill(actor)
             return figures
         finally:
-            sink.close()
+            sink.engine.dispose()
             server.cleanup()
 
 

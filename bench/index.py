@@ -32,6 +32,7 @@ from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.core.records import Record
 from embedjob_cli.search import nearest
 from embedjob_worker.sink.postgres import PostgresSink
+from embedjob_worker.sink.runs import RunSession
 from embedjob_worker.sink.vector_index import INNER_PRODUCT, ensure_index
 
 HNSW = VectorIndex(type="hnsw")  # m 16, efConstruction 64: pgvector's defaults
@@ -39,27 +40,25 @@ HNSW = VectorIndex(type="hnsw")  # m 16, efConstruction 64: pgvector's defaults
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "pep-paragraphs.jsonl"
 
 
-def load(sink: PostgresSink, run_id: str, batches: list[BatchOutcome]) -> float:
+def load(sink: PostgresSink, run: RunSession, batches: list[BatchOutcome]) -> float:
     started = time.perf_counter()
     for start in range(0, len(batches), GROUP_BATCHES):
-        sink.write(run_id, batches[start:start + GROUP_BATCHES], [])
+        sink.write(run, batches[start:start + GROUP_BATCHES], [])
     return time.perf_counter() - started
 
 
 def build_after_load(rows: int, index: VectorIndex) -> dict[str, float]:
-    with fresh_sink(job="index") as (sink, run_id):
-        sink.ensure_vectors_table(DIM)
-        loading = load(sink, run_id, outcomes(rows, "v1", new=True))
-        built = ensure_index(sink.engine, sink.table, "vector", INNER_PRODUCT, index)
+    with fresh_sink(DIM, job="index") as (sink, run):
+        loading = load(sink, run, outcomes(rows, "v1", new=True))
+        built = ensure_index(sink.engine, sink.target.table, "vector", INNER_PRODUCT, index)
     print(f"built with buildMemory {index.build_memory}: {built.note or 'the graph fitted in memory'}", file=sys.stderr)
     return {"load s": loading, "index build s": built.seconds, "total s": loading + built.seconds}
 
 
 def index_during_load(rows: int) -> dict[str, float]:
-    with fresh_sink(job="index") as (sink, run_id):
-        sink.ensure_vectors_table(DIM)
-        ensure_index(sink.engine, sink.table, "vector", INNER_PRODUCT, HNSW)  # on the empty table
-        loading = load(sink, run_id, outcomes(rows, "v1", new=True))
+    with fresh_sink(DIM, job="index") as (sink, run):
+        ensure_index(sink.engine, sink.target.table, "vector", INNER_PRODUCT, HNSW)  # on the empty table
+        loading = load(sink, run, outcomes(rows, "v1", new=True))
     return {"total s": loading}
 
 
@@ -84,20 +83,19 @@ def recall(texts: int, queries: int, ef_searches: list[int]) -> str:
     truth = [set(np.argsort(-(stored @ q), kind="stable")[:10]) for q in asked]
     lines = ["| vector type | ef_search | recall@10 | search ms (median) |", "| --- | --- | --- | --- |"]
     for vector_type in ("vector", "halfvec"):
-        with fresh_sink(vector_type, job="index") as (sink, run_id):
-            sink.ensure_vectors_table(stored.shape[1])
-            sink.write(run_id, [BatchOutcome(f"b{s}", "succeeded", records[s:s + 64],
-                                             [AttemptRow(1, "bench", "succeeded", None, now())], now(),
-                                             vectors=stored[s:s + 64], worker="bench")
-                                for s in range(0, texts, 64)], [])
-            ensure_index(sink.engine, sink.table, vector_type, INNER_PRODUCT, HNSW)
+        with fresh_sink(stored.shape[1], vector_type, job="index") as (sink, run):
+            sink.write(run, [BatchOutcome(f"b{s}", "succeeded", records[s:s + 64],
+                                          [AttemptRow(1, "bench", "succeeded", None, now())], now(),
+                                          vectors=stored[s:s + 64], worker="bench")
+                             for s in range(0, texts, 64)], [])
+            ensure_index(sink.engine, sink.target.table, vector_type, INNER_PRODUCT, HNSW)
             position = {r.id: r.position for r in records}
             for ef in ef_searches:
                 found, took = 0, []
                 with sink.engine.connect() as conn:
                     for q, exact in zip(asked, truth):
                         started = time.perf_counter()
-                        hits = nearest(conn, sink.table, "bench", "m", "r", q, 10, INNER_PRODUCT, ef)
+                        hits = nearest(conn, sink.target.table, "bench", "m", "r", q, 10, INNER_PRODUCT, ef)
                         took.append(time.perf_counter() - started)
                         found += len(exact & {position[h.record_id] for h in hits})
                 lines.append(f"| {vector_type} | {ef} | {found / (10 * len(asked)):.3f} | "

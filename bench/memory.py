@@ -55,12 +55,15 @@ def stream(path: str) -> None:
     embedded server in its own processes, so its memory is not counted here."""
     import pgserver
 
+    from embedjob import db
     from embedjob.api import parse_spec
     from embedjob_worker.sink.copy_data import content_salt
     from embedjob_worker.plan.feed import batches_to_embed
     from embedjob_worker.core.metrics import DriverMetrics
     from embedjob_worker.sink.seen_ids import SeenIds
-    from embedjob_worker.sink.postgres import PostgresSink
+    from embedjob_worker.sink.postgres import open_engine
+    from embedjob_worker.sink.runs import JobRuns, RunRequest
+    from embedjob_worker.sink.target import SinkTarget
     from embedjob_worker.core.tally import RunTally
 
     spec = parse_spec({"source": {"uri": path}, "model": {"name": "m", "revision": "r"},
@@ -68,12 +71,14 @@ def stream(path: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="delete")
         try:
-            sink = PostgresSink(server.get_uri(), "bench/memory", "bench", "embeddings", content_salt(True, None))
-            sink.migrate()
-            run = sink.start_run("memory", "bench", "m", "r", "input", "config", new_run=False)
+            db.migrate(server.get_uri())
+            engine = open_engine(server.get_uri())
+            target = SinkTarget("bench/memory", "bench", "embeddings", content_salt(True, None))
+            run = JobRuns(engine, target, "memory", "bench").start(RunRequest("m", "r", "input", "config"),
+                                                                   new_run=False).run
             batches = sum(1 for _ in batches_to_embed(spec, path, "bench", {}, RunTally(), DriverMetrics(),
-                                                       lambda bad: None, SeenIds(sink.engine, run.run_id)))
-            sink.close()
+                                                       lambda bad: None, SeenIds(engine, run.run_id)))
+            engine.dispose()
         finally:
             server.cleanup()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -24,10 +24,14 @@ import numpy as np
 import sqlalchemy as sa
 from rounds import report, run_rounds
 
+from embedjob import db
 from embedjob_worker.sink.copy_data import content_salt
 from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.core.records import Record
-from embedjob_worker.sink.postgres import PostgresSink
+from embedjob_worker.sink.postgres import PostgresSink, open_engine
+from embedjob_worker.sink.runs import JobRuns, RunRequest, RunSession
+from embedjob_worker.sink.target import SinkTarget
+from embedjob_worker.sink.vectors_table import ensure_vectors_table
 
 DIM = 384
 BATCH_ROWS = 64
@@ -48,40 +52,41 @@ def outcomes(rows: int, suffix: str, new: bool) -> list[BatchOutcome]:
             for k, batch in enumerate(batches)]
 
 
-def timed_pass(sink: PostgresSink, run_id: str, batches: list[BatchOutcome]) -> float:
+def timed_pass(sink: PostgresSink, run: RunSession, batches: list[BatchOutcome]) -> float:
     started = time.perf_counter()
     for start in range(0, len(batches), GROUP_BATCHES):
-        sink.write(run_id, batches[start:start + GROUP_BATCHES], [])
+        sink.write(run, batches[start:start + GROUP_BATCHES], [])
     return sum(len(b.records) for b in batches) / (time.perf_counter() - started)
 
 
 @contextmanager
-def fresh_sink(vector_type: str = "vector", job: str = "sink"):
-    """A sink on a new database (its own PostgreSQL in a temp dir), with its run started."""
+def fresh_sink(dim: int, vector_type: str = "vector", job: str = "sink"):
+    """A sink on a new database (its own PostgreSQL in a temp dir), with its vectors table of `dim` and its run
+    started."""
     import pgserver
 
     with tempfile.TemporaryDirectory() as tmp:
         server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="delete")
         try:
-            sink = PostgresSink(server.get_uri(), f"bench/{job}", "bench", "embeddings", content_salt(True, None),
-                                vector_type)
-            sink.migrate()
-            run = sink.start_run(job, "bench", "m", "r", "input", "config", new_run=False)
-            yield sink, run.run_id
-            sink.close()
+            db.migrate(server.get_uri())
+            engine = open_engine(server.get_uri())
+            target = SinkTarget(f"bench/{job}", "bench", "embeddings", content_salt(True, None), vector_type)
+            ensure_vectors_table(engine, target.table, dim, vector_type)
+            start = JobRuns(engine, target, job, "bench").start(RunRequest("m", "r", "input", "config"), new_run=False)
+            yield PostgresSink(engine, target), start.run
+            engine.dispose()
         finally:
             server.cleanup()
 
 
 def one_round(rows: int, vector_type: str = "vector") -> dict[str, float]:
     """A fresh database; the three passes in rows/s, and the table's size in MB."""
-    with fresh_sink(vector_type) as (sink, run_id):
-        sink.ensure_vectors_table(DIM)
+    with fresh_sink(DIM, vector_type) as (sink, run):
         figures = {
-            "insert (new rows)": timed_pass(sink, run_id, outcomes(rows, "v1", new=True)),
+            "insert (new rows)": timed_pass(sink, run, outcomes(rows, "v1", new=True)),
             # new outcomes of the same texts: a re-run
-            "re-write, unchanged rows": timed_pass(sink, run_id, outcomes(rows, "v1", new=False)),
-            "re-write, changed texts": timed_pass(sink, run_id, outcomes(rows, "v2", new=False)),
+            "re-write, unchanged rows": timed_pass(sink, run, outcomes(rows, "v1", new=False)),
+            "re-write, changed texts": timed_pass(sink, run, outcomes(rows, "v2", new=False)),
         }
         with sink.engine.connect() as conn:
             size = conn.execute(sa.text("SELECT pg_total_relation_size('embeddings')")).scalar_one()

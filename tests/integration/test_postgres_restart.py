@@ -15,11 +15,13 @@ from embedjob_worker.core.records import Record
 from embedjob_worker.plan.checks import classify_records
 from embedjob_worker.run.job import run_job
 from embedjob_worker.sink.seen_ids import SeenIds
-from embedjob_worker.sink.postgres import PostgresSink
+from embedjob_worker.sink.runs import RunRequest
+from embedjob_worker.sink.target import SinkTarget
 from embedjob_worker.source.files import read_records
 from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
 from support.polling import wait_until
+from support.sink import open_job
 from support.sql import query
 
 pytestmark = pytest.mark.slow
@@ -95,10 +97,10 @@ def test_postgres_restarted_mid_write_loses_and_duplicates_nothing(ray_address, 
 
 def test_duplicate_id_claims_wait_for_a_restarting_postgres(own_postgres):
     url = own_postgres.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
-    sink = PostgresSink(url, "local/tests/claims", "claims", "vectors", content_salt(True, None))
-    sink.migrate()
-    run = sink.start_run("claims", "tests", "m", "r1", "in", "cfg", new_run=False)
-    ids = SeenIds(sink.engine, run.run_id)
+    job = open_job(url, SinkTarget("local/tests/claims", "claims", "vectors", content_salt(True, None)), "claims",
+                   "tests")
+    run = job.runs.start(RunRequest("m", "r1", "in", "cfg"), new_run=False).run
+    ids = SeenIds(job.engine, run.run_id)
     assert ids.first_occurrences([("a", 0), ("b", 1), ("a", 2)]) & {0, 1, 2} == {0, 1}
     pg_ctl(own_postgres, "-m", "fast", "stop")
     answer = {}
@@ -109,4 +111,4 @@ def test_duplicate_id_claims_wait_for_a_restarting_postgres(own_postgres):
     pg_ctl(own_postgres, "restart")
     claiming.join(timeout=120)
     assert answer["firsts"] & {3, 4} == {4}  # "b" was first seen at 1
-    sink.close()
+    job.close()

@@ -11,16 +11,19 @@ from embedjob_worker.sink.copy_data import content_salt
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.core.records import BadReason, BadRecord, Record, Span
-from embedjob_worker.sink.postgres import PostgresSink
+from embedjob_worker.sink.postgres import open_engine
+from embedjob_worker.sink.runs import RunRequest
+from embedjob_worker.sink.target import SinkTarget
+from embedjob_worker.sink.vectors_table import ensure_vectors_table
+from support.sink import OpenJob, open_job
 
 DIM = 4
+RUN = RunRequest("m", "r1", "in", "cfg")
 
 
-def make_sink(url: str, table: str = "vectors") -> PostgresSink:
-    sink = PostgresSink(url, "local/default/sinktest", "c1", table, content_salt(True, None))
-    sink.migrate()
-    sink.ensure_vectors_table(DIM)
-    return sink
+def make_sink(url: str, table: str = "vectors") -> OpenJob:
+    return open_job(url, SinkTarget("local/default/sinktest", "c1", table, content_salt(True, None)), "sinktest",
+                    "default", dim=DIM)
 
 
 def outcome(batch_id: str, texts: dict[str, str], seed: int = 0) -> BatchOutcome:
@@ -31,10 +34,10 @@ def outcome(batch_id: str, texts: dict[str, str], seed: int = 0) -> BatchOutcome
 
 
 def test_batches_are_written_with_their_marks_and_rewrites_change_nothing(database_url):
-    sink = make_sink(database_url)
-    run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
+    job = make_sink(database_url)
+    run = job.runs.start(RUN, new_run=False).run
     first = outcome("b1", {"a": "alpha", "b": "beta"})
-    sink.write(run.run_id, [first, outcome("b2", {"c": "gamma"})], [BadRecord(7, "x", BadReason.null_text)])
+    job.sink.write(run, [first, outcome("b2", {"c": "gamma"})], [BadRecord(7, "x", BadReason.null_text)])
     vectors = query(database_url, "SELECT record_id, embedding::text, updated_at FROM vectors ORDER BY record_id")
     assert [r.record_id for r in vectors] == ["a", "b", "c"]
     # The binary COPY carried the exact float32 values.
@@ -47,106 +50,105 @@ def test_batches_are_written_with_their_marks_and_rewrites_change_nothing(databa
 
     # A re-run of the same batch (the run resumed: its counters start afresh): no new rows, unchanged rows
     # keep updated_at.
-    sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
-    sink.write(run.run_id, [outcome("b1", {"a": "alpha", "b": "beta CHANGED"}, seed=1)], [])
+    resumed = job.runs.start(RUN, new_run=False).run
+    job.sink.write(resumed, [outcome("b1", {"a": "alpha", "b": "beta CHANGED"}, seed=1)], [])
     again = query(database_url, "SELECT record_id, updated_at FROM vectors ORDER BY record_id")
     assert len(again) == 3
     assert again[0].updated_at == vectors[0].updated_at  # "a": same text, not rewritten
     assert again[1].updated_at > vectors[1].updated_at  # "b": text changed, rewritten
     assert query(database_url, "SELECT count(*) FROM embedjob_batch_attempts WHERE batch_id = 'b1'") == [(2,)]
     assert query(database_url, "SELECT records_embedded FROM embedjob_runs") == [(2,)]
-    sink.close()
+    job.close()
 
 
 def test_records_new_when_planned_are_copied_in_and_one_written_since_is_merged(database_url, caplog):
     """A group of records the planner found nowhere in the table (records_new) is copied straight into it.
     When one of them is there after all (another job wrote it since), the COPY is undone and the merge
     writes the group: the record's text and vector are replaced, and its chunks past its last go."""
-    sink = make_sink(database_url)
-    run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
+    job = make_sink(database_url)
+    run = job.runs.start(RUN, new_run=False).run
     spans = (Span(0, 5, 3), Span(6, 10, 3), Span(11, 16, 3))
     three = BatchOutcome("b1", "succeeded", (Record(0, "a", "alpha beta gamma", spans),),
                          [AttemptRow(1, "w", "succeeded", None, now())], now(),
                          vectors=np.ones((3, DIM), dtype=np.float32), worker="w", records_new=1)
     rows = lambda: query(database_url, "SELECT record_id, chunk, text FROM vectors ORDER BY 1, 2")  # noqa: E731
     with caplog.at_level(logging.INFO, logger="embedjob_worker.sink.postgres"):
-        sink.write(run.run_id, [three], [])
+        job.sink.write(run, [three], [])
         assert rows() == [("a", 0, "alpha"), ("a", 1, "beta"), ("a", 2, "gamma")]
         assert not [r for r in caplog.records if r.msg == "new_records_already_written"]
 
         written_since = outcome("b2", {"b": "beta", "a": "alpha!"})
         written_since.records_new = 2  # "a" was not there when the planner looked
-        sink.write(run.run_id, [written_since], [])
+        job.sink.write(run, [written_since], [])
     assert rows() == [("a", 0, "alpha!"), ("b", 0, "beta")]
     assert [r.fields["batches"] for r in caplog.records if r.msg == "new_records_already_written"] == [1]
     assert query(database_url, "SELECT batch_id, state FROM embedjob_batches ORDER BY 1") == [
         ("b1", "succeeded"), ("b2", "succeeded")]
     assert query(database_url, "SELECT records_embedded, records_new FROM embedjob_runs") == [(3, 3)]
-    sink.close()
+    job.close()
 
 
 def test_an_outcome_sent_twice_is_written_once_and_another_session_writes_nothing(database_url):
     """A group sent again after its writer actor was lost (its commit may have landed), and a
     writer of a driver whose run another driver resumed since."""
-    sink = make_sink(database_url)
-    run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
+    job = make_sink(database_url)
+    run = job.runs.start(RUN, new_run=False).run
     sent = outcome("b1", {"a": "alpha", "b": "beta"})
-    assert [o.batch_id for o in sink.write(run.run_id, [sent], [])] == ["b1"]
-    assert sink.write(run.run_id, [sent, outcome("b2", {"c": "gamma"})], []) != []
+    assert [o.batch_id for o in job.sink.write(run, [sent], [])] == ["b1"]
+    assert job.sink.write(run, [sent, outcome("b2", {"c": "gamma"})], []) != []
     assert query(database_url, "SELECT batch_id, count(*) FROM embedjob_batch_attempts GROUP BY 1 ORDER BY 1") == [
         ("b1", 1), ("b2", 1)]
     assert query(database_url, "SELECT batches_succeeded, records_embedded FROM embedjob_runs") == [(2, 3)]
 
-    stale = PostgresSink(database_url, sink.job_key, "c1", "vectors", content_salt(True, None))
-    stale.model, stale.revision, stale.session = sink.model, sink.revision, sink.session
-    sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)  # another driver resumes
+    job.runs.start(RUN, new_run=False)  # another driver resumes: `run` is a session that no longer owns it
     with pytest.raises(JobFailed) as superseded:
-        stale.write(run.run_id, [outcome("b3", {"d": "delta"})], [])
+        job.sink.write(run, [outcome("b3", {"d": "delta"})], [])
     assert superseded.value.reason == "DriverSuperseded"
     assert query(database_url, "SELECT count(*) FROM embedjob_batches WHERE batch_id = 'b3'") == [(0,)]
     assert query(database_url, "SELECT count(*) FROM vectors WHERE record_id = 'd'") == [(0,)]
-    stale.close()
-    sink.close()
+    job.close()
 
 
 def test_a_failing_group_writes_neither_vectors_nor_marks(database_url):
-    sink = make_sink(database_url)
-    run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
+    job = make_sink(database_url)
+    run = job.runs.start(RUN, new_run=False).run
     bad = outcome("b2", {"c": "gamma"})
     bad.vectors = np.zeros((1, DIM + 1), dtype=np.float32)  # wrong width: the merge fails
     with pytest.raises(psycopg.errors.DataException):
-        sink.write(run.run_id, [outcome("b1", {"a": "alpha"}), bad], [])
+        job.sink.write(run, [outcome("b1", {"a": "alpha"}), bad], [])
     assert query(database_url, "SELECT count(*) FROM vectors") == [(0,)]
     assert query(database_url, "SELECT count(*) FROM embedjob_batches") == [(0,)]
-    sink.close()
+    job.close()
 
 
 def test_runs_resume_refuse_a_changed_input_and_start_anew_when_told(database_url):
-    sink = make_sink(database_url)
-    first = sink.start_run("sinktest", "default", "m", "r1", "in-1", "cfg", new_run=False)
+    job = make_sink(database_url)
+    changed = RunRequest("m", "r1", "in-2", "cfg")
+    first = job.runs.start(RunRequest("m", "r1", "in-1", "cfg"), new_run=False)
     assert not first.resumed
-    again = sink.start_run("sinktest", "default", "m", "r1", "in-1", "cfg", new_run=False)
-    assert (again.run_id, again.resumed) == (first.run_id, True) and again.session != first.session
+    again = job.runs.start(RunRequest("m", "r1", "in-1", "cfg"), new_run=False)
+    assert (again.run.run_id, again.resumed) == (first.run.run_id, True)
+    assert again.run.driver_session != first.run.driver_session
     with pytest.raises(JobFailed, match="input changed") as refused:
-        sink.start_run("sinktest", "default", "m", "r1", "in-2", "cfg", new_run=False)
+        job.runs.start(changed, new_run=False)
     assert refused.value.reason == "InputChanged"
     # Refusing again compares with the real run, not with the refusal.
     with pytest.raises(JobFailed):
-        sink.start_run("sinktest", "default", "m", "r1", "in-2", "cfg", new_run=False)
-    second = sink.start_run("sinktest", "default", "m", "r1", "in-2", "cfg", new_run=True)
-    assert second.run_id != first.run_id and not second.resumed
+        job.runs.start(changed, new_run=False)
+    second = job.runs.start(changed, new_run=True)
+    assert second.run.run_id != first.run.run_id and not second.resumed
     states = query(database_url, "SELECT state, reason FROM embedjob_runs ORDER BY started_at, reason NULLS LAST")
     assert sorted(states, key=str) == sorted([("running", None), ("failed", "InputChanged"),
                                               ("failed", "InputChanged"), ("running", None)], key=str)
-    sink.close()
+    job.close()
 
 
 def test_vectors_table_of_another_width_is_refused(database_url):
     make_sink(database_url).close()
-    sink = PostgresSink(database_url, "local/default/sinktest", "c1", "vectors", content_salt(True, None))
+    engine = open_engine(database_url)
     with pytest.raises(JobFailed, match=r"vector\(4\)"):
-        sink.ensure_vectors_table(DIM * 2)
-    sink.close()
+        ensure_vectors_table(engine, "vectors", DIM * 2, "vector")
+    engine.dispose()
 
 
 
@@ -155,24 +157,23 @@ def test_drivers_starting_together_create_the_vectors_table_once(database_url):
     import threading
 
     make_sink(database_url, table="bootstrap").close()  # migrations done once, as a first driver would
-    sinks = [PostgresSink(database_url, f"local/default/j{i}", "c1", "shared", content_salt(True, None))
-             for i in range(6)]
-    start, errors = threading.Barrier(len(sinks)), []
+    engines = [open_engine(database_url) for _ in range(6)]  # a driver's each
+    start, errors = threading.Barrier(len(engines)), []
 
-    def create(sink):
+    def create(engine):
         start.wait()
         try:
-            sink.ensure_vectors_table(DIM)
+            ensure_vectors_table(engine, "shared", DIM, "vector")
         except Exception as exc:  # collected: the assertion below names it
             errors.append(exc)
 
-    threads = [threading.Thread(target=create, args=(s,)) for s in sinks]
+    threads = [threading.Thread(target=create, args=(e,)) for e in engines]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    for sink in sinks:
-        sink.close()
+    for engine in engines:
+        engine.dispose()
     assert errors == []
     assert query(database_url, "SELECT count(*) FROM pg_class WHERE relname = 'shared'") == [(1,)]
 
@@ -183,8 +184,8 @@ def test_a_connection_dropped_mid_write_is_retried_and_writes_each_row_once(data
     from embedjob_worker.core.tally import RunTally
     from embedjob_worker.sink.writer import SinkWriter
 
-    sink = make_sink(database_url)
-    run = sink.start_run("sinktest", "default", "m", "r1", "in", "cfg", new_run=False)
+    job = make_sink(database_url)
+    run = job.runs.start(RUN, new_run=False).run
     engine = sa.create_engine(database_url)
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE SEQUENCE drop_once"))
@@ -198,10 +199,10 @@ def test_a_connection_dropped_mid_write_is_retried_and_writes_each_row_once(data
                              "FOR EACH ROW EXECUTE FUNCTION drop_connection_once()"))
     engine.dispose()
 
-    writer = SinkWriter(sink, run.run_id, RunTally())
+    writer = SinkWriter(job.sink, run, RunTally())
     writer.put_outcome(outcome("b1", {"a": "alpha", "b": "beta"}))
     writer.close()
-    sink.close()
+    job.close()
 
     assert writer.error is None
     assert query(database_url, "SELECT record_id FROM vectors ORDER BY 1") == [("a",), ("b",)]

@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from embedjob_worker.sink.copy_data import content_salt
 from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.sink.seen_ids import SeenIds
-from embedjob_worker.sink.postgres import PostgresSink
+from embedjob_worker.sink.runs import RunRequest
+from embedjob_worker.sink.target import SinkTarget
 from support.generated_records import INPUTS, check_outcome, csv_records, expected_embedded, feed, write_csv, \
     write_jsonl
+from support.sink import open_job
 from support.sql import query
 
 DIM = 4
@@ -35,19 +37,18 @@ def succeeded(batch, rng) -> BatchOutcome:
        sort_window=st.sampled_from([0, 5]))
 def test_every_record_is_stored_once_or_has_one_error_row(database_url, items, fmt, batch_size, sort_window):
     job = f"props-{next(_examples)}"
-    sink = PostgresSink(database_url, f"local/tests/{job}", job, "vectors", content_salt(True, None))
+    opened = open_job(database_url, SinkTarget(f"local/tests/{job}", job, "vectors", content_salt(True, None)), job,
+                      "tests", dim=DIM)
     try:
-        sink.migrate()
-        sink.ensure_vectors_table(DIM)
-        run = sink.start_run(job, "tests", "m", "r1", "in", "cfg", new_run=False)
+        run = opened.runs.start(RunRequest("m", "r1", "in", "cfg"), new_run=False).run
         with tempfile.TemporaryDirectory() as tmp:
             path = (write_jsonl if fmt == "jsonl" else write_csv)(Path(tmp) / f"in.{fmt}", items)
-            outcome = feed(path, fmt, batch_size, sort_window, SeenIds(sink.engine, run.run_id))
+            outcome = feed(path, fmt, batch_size, sort_window, SeenIds(opened.engine, run.run_id))
         check_outcome(items if fmt == "jsonl" else csv_records(items), outcome, batch_size)
         rng = np.random.default_rng(0)
-        sink.write(run.run_id, [succeeded(batch, rng) for batch in outcome.batches], outcome.bad)
+        opened.sink.write(run, [succeeded(batch, rng) for batch in outcome.batches], outcome.bad)
     finally:
-        sink.close()
+        opened.close()
 
     expected = expected_embedded(items if fmt == "jsonl" else csv_records(items))
     stored = query(database_url, "SELECT record_id, text FROM vectors WHERE collection = :c", c=job)

@@ -16,12 +16,16 @@ from embedjob import db, tenants
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.sink.copy_data import content_salt
 from embedjob_worker.run.job import run_job
-from embedjob_worker.sink.postgres import PostgresSink
+from embedjob_worker.sink.postgres import open_engine
+from embedjob_worker.sink.runs import JobRuns, RunRequest
+from embedjob_worker.sink.target import SinkTarget
 from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
 from support.tenant_roles import Tenant, as_role, create_role, tenant
 
 RLS_REFUSED = "new row violates row-level security policy"
+B_JOB = SinkTarget("uid-b", "c", "embeddings", content_salt(True, None))  # team-b's job
+B_RUN = RunRequest("m", "r", "i" * 64, "c" * 64)
 INSUFFICIENT_PRIVILEGE = "42501"
 
 
@@ -99,15 +103,15 @@ def test_a_tenant_cannot_read_insert_update_or_delete_another_namespaces_rows(da
 
 
 def test_forged_succeeded_batches_cannot_make_another_job_skip_its_work(database_url, tenant_a, tenant_b):
-    salt = content_salt(True, None)
-    victim = PostgresSink(tenant_b.url, "uid-b", "c", "embeddings", salt)
-    forger = PostgresSink(tenant_a.url, "uid-b", "c", "embeddings", salt)  # team-a's driver, claiming b's job key
+    victim_engine, forger_engine = open_engine(tenant_b.url), open_engine(tenant_a.url)
+    victim = JobRuns(victim_engine, B_JOB, "pep", "team-b")
     try:
-        run_b = victim.start_run("pep", "team-b", "m", "r", "i" * 64, "c" * 64, new_run=False).run_id
+        run_b = victim.start(B_RUN, new_run=False).run.run_id
         # A run of its own under b's job key, in its namespace or in b's: both refused.
         for namespace in ("team-a", "team-b"):
+            forger = JobRuns(forger_engine, B_JOB, "pep", namespace)  # team-a's driver, claiming b's job key
             with pytest.raises(sa.exc.ProgrammingError, match=RLS_REFUSED):
-                forger.start_run("pep", namespace, "m", "r", "i" * 64, "c" * 64, new_run=False)
+                forger.start(B_RUN, new_run=False)
         a = tenant_a.engine()
         with a.begin() as conn:
             run_a = _run("team-a", "uid-a")
@@ -123,8 +127,8 @@ def test_forged_succeeded_batches_cannot_make_another_job_skip_its_work(database
         assert victim.succeeded_batches() == {}
         assert _snapshot(database_url)["embedjob_batches"] == []
     finally:
-        victim.close()
-        forger.close()
+        victim_engine.dispose()
+        forger_engine.dispose()
 
 
 def test_a_job_key_taken_first_by_another_namespace_refuses_the_job_and_skips_nothing(tenant_a, tenant_b):
@@ -136,13 +140,14 @@ def test_a_job_key_taken_first_by_another_namespace_refuses_the_job_and_skips_no
         conn.execute(db.batches.insert().values(job_key="uid-b", batch_id="batch-0", run_id=run_a["run_id"],
                                                 state="succeeded", records=32))
     engine.dispose()
-    victim = PostgresSink(tenant_b.url, "uid-b", "c", "embeddings", content_salt(True, None))
+    victim_engine = open_engine(tenant_b.url)
+    victim = JobRuns(victim_engine, B_JOB, "pep", "team-b")
     try:
         assert victim.succeeded_batches() == {}
         with pytest.raises(sa.exc.ProgrammingError, match=RLS_REFUSED):
-            victim.start_run("pep", "team-b", "m", "r", "i" * 64, "c" * 64, new_run=False)
+            victim.start(B_RUN, new_run=False)
     finally:
-        victim.close()
+        victim_engine.dispose()
 
 
 def test_roles_without_a_namespace_and_the_owner_are_not_confined(database_url, tenant_a, tenant_b):

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import psycopg
 import sqlalchemy as sa
 
+from embedjob import db
 from embedjob.api import RunCounters
-from embedjob.db import SchemaBehind
 
 from embedjob_worker.plan.batching import Batch, TokenBudget, batch_key
 from embedjob_worker.plan.chunking import Chunker
@@ -35,7 +35,6 @@ from embedjob_worker.plan.feed import batches_to_embed
 from embedjob_worker.sink.incremental import (
     IncrementalFeed, StoredHashes, delete_missing, forget_seen_ids, latest_run_succeeded, run_batch_ids,
 )
-from embedjob_worker.sink.copy_data import content_salt
 from embedjob_worker.encode.lease import PoolLease
 from embedjob_worker.core.logs import log_event
 from embedjob_worker.core.metrics import DriverMetrics
@@ -43,14 +42,17 @@ from embedjob_worker.encode.model import ResolvedModel, resolve_model
 from embedjob_worker.encode.pools import pool_name, shared_cluster
 from embedjob_worker.plan.checks import IdRegistry, SortedIds
 from embedjob_worker.sink.seen_ids import SeenIds
-from embedjob_worker.sink.postgres import PostgresSink, RunStart
+from embedjob_worker.sink.job_lock import JobLock
+from embedjob_worker.sink.postgres import PostgresSink, open_engine
+from embedjob_worker.sink.runs import JobRuns, RunRequest, RunSession, RunStart
+from embedjob_worker.sink.target import SinkTarget
 from embedjob_worker.source.snapshot import InputSnapshot, input_snapshot
 from embedjob_worker.source.files import resolve_uri
 from embedjob_worker.source.table import equal_ids_adjacent, table_snapshot, table_uri
 from embedjob_worker.core.tally import RunSummary, RunTally
 from embedjob_worker.encode.tokens import chunker_for, load_tokenizer, model_token_limit, token_budget
 from embedjob_worker.sink.vector_index import check_indexable, ensure_index, metric_for
-from embedjob_worker.sink.vectors_table import upgrade_vectors_table
+from embedjob_worker.sink.vectors_table import ensure_vectors_table, upgrade_vectors_table
 from embedjob_worker.encode.workers import ActorSet, check_model
 from embedjob_worker.core.outcome import BatchWriter
 from embedjob_worker.sink.writer import SinkWriter
@@ -78,63 +80,67 @@ class DriverOptions:
 class JobRun:
     def __init__(self, config: JobConfig, database_url: str, options: DriverOptions):
         self.config, self.spec, self.options = config, config.spec, options
+        self.database_url = database_url
         self.source_database_url = options.source_database_url or database_url
         self.metrics = options.metrics or DriverMetrics()
         self.tally = RunTally()
         self.started = time.monotonic()
         self.summary = RunSummary(run_id=None, state="running")
-        self.sink = PostgresSink(database_url, config.job_key, self.spec.sink.collection, self.spec.sink.table,
-                                 content_salt(self.spec.model.normalize, self.spec.model.max_seq_length,
-                                              self.spec.chunking),
-                                 self.spec.sink.vector_type)
+        self.engine = open_engine(database_url)
+        self.target = SinkTarget.of_job(config)
+        self.sink = PostgresSink(self.engine, self.target)
+        self.runs = JobRuns(self.engine, self.target, config.name, config.namespace)
+        self.job_lock: JobLock | None = None
 
     def run(self) -> RunSummary:
         try:
             return self._run()
         finally:
-            self.sink.close()  # also releases the job's lock
+            if self.job_lock is not None:
+                self.job_lock.release()
+            self.engine.dispose()
 
     def _run(self) -> RunSummary:
         try:
-            self.sink.migrate()
+            db.migrate(self.database_url)
         except sa.exc.OperationalError as exc:
             raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
-        except SchemaBehind as exc:  # a namespace role may not migrate: an admin must (docs/install.md)
+        except db.SchemaBehind as exc:  # a namespace role may not migrate: an admin must (docs/install.md)
             return self._refused(JobFailed("SchemaBehind", str(exc)))
         try:
-            self.sink.lock_job(self.options.job_lock_wait_s)
+            self.job_lock = JobLock.take(self.engine, self.config.job_key, self.options.job_lock_wait_s)
             resolved, uri, snapshot = self._resolve_inputs()
             budget, chunker = self._token_plan(resolved)
             identity = run_identity(self.spec, resolved.revision)
             config_fp = config_fingerprint(identity)
             # A table's rows change by design: each sync after a finished one is a run of its own (docs/table-source.md).
             new_run = self.options.new_run or (self.spec.source.table is not None
-                                               and latest_run_succeeded(self.sink.engine, self.config.job_key))
-            start = self.sink.start_run(self.config.name, self.config.namespace, resolved.name, resolved.revision,
-                                        snapshot.fingerprint, config_fp, new_run, identity,
-                                        snapshot.record(), self.config.how_to_start_anew)
+                                               and latest_run_succeeded(self.engine, self.config.job_key))
+            start = self.runs.start(RunRequest(resolved.name, resolved.revision, snapshot.fingerprint, config_fp,
+                                               identity, snapshot.record()), new_run, self.config.how_to_start_anew)
         except JobFailed as failure:
             return self._refused(failure)
-        self.summary.run_id = start.run_id
-        log_event(log, "run_started", job=self.config.job_key, run=start.run_id, resumed=start.resumed,
+        run = start.run
+        self.summary.run_id = run.run_id
+        log_event(log, "run_started", job=self.config.job_key, run=run.run_id, resumed=start.resumed,
                   model=resolved.name, revision=resolved.revision, source=uri)
         try:
             # Before the table is read (stored hashes) or written: never chunks into a table keyed without them.
-            retry_database(lambda: upgrade_vectors_table(self.sink.engine, self.spec.sink.table), "vectors_table")
+            retry_database(lambda: upgrade_vectors_table(self.engine, self.spec.sink.table), "vectors_table")
             failure = self._embed(resolved, uri, batch_key(snapshot.fingerprint, config_fp), start, budget, chunker)
             if failure is None and self.spec.sync.delete_missing:
                 self.tally.deleted(retry_database(lambda: delete_missing(
-                    self.sink.engine, self.spec.sink.table, self.spec.sink.collection, resolved.name,
-                    resolved.revision, start.run_id), "delete_missing"))
+                    self.engine, self.spec.sink.table, self.spec.sink.collection, resolved.name,
+                    resolved.revision, run.run_id), "delete_missing"))
             failure = failure or self._build_index()
         except Unreachable:
             raise
         except JobFailed as exc:  # raised while the actors are being set up (e.g. the model's export)
             failure = exc
         except Exception as exc:  # noqa: BLE001 - unforeseen: the run still ends failed, with the reason
-            log.exception("unforeseen error in run %s", start.run_id)
+            log.exception("unforeseen error in run %s", run.run_id)
             failure = JobFailed("InternalError", f"{type(exc).__name__}: {exc}"[:4000])
-        self._finish(start.run_id, failure)
+        self._finish(run, failure)
         return self.summary
 
     def _refused(self, failure: JobFailed) -> RunSummary:
@@ -156,8 +162,7 @@ class JobRun:
                 return resolved, uri, table_snapshot(table) if table else input_snapshot(uri)
             except (OSError, ValueError) as exc:
                 failure = JobFailed("SourceUnavailable", f"spec.source {uri}: {type(exc).__name__}: {exc}")
-        self.sink.record_refused_start(self.config.name, self.config.namespace, self.spec.model.name,
-                                       failure.reason, str(failure))
+        self.runs.refuse_start(self.spec.model.name, failure)
         raise failure
 
     def _token_plan(self, resolved: ResolvedModel) -> tuple[TokenBudget | None, Chunker | None]:
@@ -173,39 +178,38 @@ class JobRun:
             failure = JobFailed("ModelUnavailable", f"spec.model: the tokenizer: {type(exc).__name__}: {exc}")
         except JobFailed as exc:
             failure = exc
-        self.sink.record_refused_start(self.config.name, self.config.namespace, self.spec.model.name,
-                                       failure.reason, str(failure))
+        self.runs.refuse_start(self.spec.model.name, failure)
         raise failure
 
     def _embed(self, resolved: ResolvedModel, uri: str, key: str, start: RunStart, budget: TokenBudget | None,
                chunker: Chunker | None) -> JobFailed | None:
         """Embed and write every batch still to do; why the run failed, or None."""
-        spec, run_id = self.spec, start.run_id
-        run_batches = run_batch_ids(self.sink.engine, self.config.job_key, run_id) if start.resumed else set()
+        spec, run = self.spec, start.run
+        run_batches = run_batch_ids(self.engine, self.config.job_key, run.run_id) if start.resumed else set()
         if start.resumed:
             self.tally.resumed(start.records_new, start.records_changed, start.chunks_embedded)
             if spec.source.table:
-                forget_seen_ids(self.sink.engine, run_id)
+                forget_seen_ids(self.engine, run.run_id)
         # Batches are skipped by id only within the run (a new run's vectors may have been deleted
         # since), and never for a table: its batch ids name rows, and rows change between sessions.
         done_before = {} if spec.source.table else {
-            batch_id: done for batch_id, done in self.sink.succeeded_batches().items() if batch_id in run_batches}
+            batch_id: done for batch_id, done in self.runs.succeeded_batches().items() if batch_id in run_batches}
         failure: JobFailed | None = None
         with ExitStack() as cleanup:
-            writer = SinkWriter(self.sink, run_id, self.tally)
+            writer = SinkWriter(self.sink, run, self.tally)
             cleanup.callback(writer.close)  # drains what is queued
             try:
-                stored = StoredHashes(self.sink.engine, spec.sink.table, spec.sink.collection, resolved.name,
-                                      resolved.revision, self.sink.salt)
+                stored = StoredHashes(self.engine, spec.sink.table, spec.sink.collection, resolved.name,
+                                      resolved.revision, self.target.salt)
                 batches = batches_to_embed(spec, uri, key, done_before, self.tally, self.metrics,
-                                           writer.put_bad_records, self._id_registry(run_id),
+                                           writer.put_bad_records, self._id_registry(run.run_id),
                                            self.source_database_url,
                                            IncrementalFeed(stored, run_batches, self.tally).to_embed, budget, chunker)
                 # No actor starts (nor model loads) before a batch needs one: an unchanged re-run starts none.
                 first = next(batches, None)
                 failure = (self._outcome_failure(0) if first is None else
                            self._dispatch(resolved, itertools.chain([first], batches), writer, len(done_before),
-                                          run_id))
+                                          run))
             except JobFailed as exc:
                 failure = exc
         return writer.failure() or failure
@@ -221,10 +225,10 @@ class JobRun:
             except psycopg.Error as exc:  # as reading the table would fail
                 raise JobFailed("SourceUnreadable",
                                 f"reading {table_uri(table)}: {type(exc).__name__}: {exc}") from None
-        return SeenIds(self.sink.engine, run_id)
+        return SeenIds(self.engine, run_id)
 
     def _dispatch(self, resolved: ResolvedModel, batches: Iterator[Batch], writer: SinkWriter,
-                  skipping: int, run_id: str) -> JobFailed | None:
+                  skipping: int, run: RunSession) -> JobFailed | None:
         """Start the actors (on a leased shared pool if the job has one) and run every batch through them,
         written by `writer` or, with spec.sink.writers, by writer actors."""
         spec = self.spec
@@ -234,14 +238,14 @@ class JobRun:
             lease = None
             if shared_pool:
                 # Leased before any actor is touched, so the operator never removes the pool under us.
-                lease = PoolLease.acquire(self.sink.engine, shared_pool, cluster, self.config, spec.workers.replicas)
+                lease = PoolLease.acquire(self.engine, shared_pool, cluster, self.config, spec.workers.replicas)
                 cleanup.callback(lease.release)
             actors = ActorSet(self.config, resolved, self.options.fault_injection, lease)
             cleanup.callback(actors.shutdown)
             results: BatchWriter = writer
             if spec.sink.writers:  # started while the actors load the model
-                results = writers = WriterPool(spec.sink.writers, self.sink, run_id, self.tally, writer,
-                                               spec.retry.attempts_per_batch)
+                results = writers = WriterPool(spec.sink.writers, self.database_url, self.target, run, self.tally,
+                                               writer, spec.retry.attempts_per_batch)
                 cleanup.callback(writers.close)  # drained before the actors and the lease go
             dispatcher = self._dispatcher(actors, resolved, skipping)
             dispatcher.run(batches, results, self._report)
@@ -256,7 +260,7 @@ class JobRun:
         if index is None:
             return None
         try:  # not retried: a build that failed (memory, timeout) is retried by re-running the job
-            self.summary.index = ensure_index(self.sink.engine, sink.table, sink.vector_type,
+            self.summary.index = ensure_index(self.engine, sink.table, sink.vector_type,
                                               metric_for(self.spec.model.normalize), index)
         except sa.exc.DBAPIError as exc:
             return JobFailed("IndexBuildFailed", f"spec.sink.index: building the HNSW index on table {sink.table} "
@@ -286,7 +290,7 @@ class JobRun:
         self.summary.workers = infos
         for info in infos:
             check_model(info, resolved)
-        self.sink.ensure_vectors_table(infos[0]["dimension"])
+        ensure_vectors_table(self.engine, self.spec.sink.table, infos[0]["dimension"], self.spec.sink.vector_type)
         check_indexable(self.spec.sink.hnsw, self.spec.sink.vector_type, infos[0]["dimension"])
         self.summary.model_load_seconds = max(i["load_seconds"] for i in infos)
         self.metrics.model_load_seconds.set(self.summary.model_load_seconds)
@@ -302,7 +306,7 @@ class JobRun:
         if self.options.on_progress:
             self.options.on_progress(counters)
 
-    def _finish(self, run_id: str, failure: JobFailed | None) -> None:
+    def _finish(self, run: RunSession, failure: JobFailed | None) -> None:
         built = self.summary.index
         update = self.tally.driver_update()
         update.set["index_build_seconds"] = round(built.seconds, 3) if built and built.built else None
@@ -314,16 +318,16 @@ class JobRun:
         self.summary.error = str(failure) if failure else None
         self.summary.elapsed_seconds = time.monotonic() - self.started
         try:
-            row = retry_database(lambda: self.sink.finish_run(run_id, state, self.summary.reason, self.summary.error,
-                                                              update), "finish_run")
+            row = retry_database(lambda: self.runs.finish(run, state, self.summary.reason, self.summary.error, update),
+                                 "finish_run")
         except DB_ERRORS as exc:
             raise Unreachable(f"cannot record the run's end in the database: {exc}") from None
         except JobFailed as superseded:  # another driver resumed the run: the row is its now
-            log_event(log, "run_superseded", logging.ERROR, run=run_id, error=str(superseded))
+            log_event(log, "run_superseded", logging.ERROR, run=run.run_id, error=str(superseded))
             row = self.tally.counters().model_dump() | update.set
         # The row's counters, which every writer's commits added to.
         self.summary.counters = counters = RunCounters(**{name: row[name] for name in RunCounters.model_fields})
-        log_event(log, "run_finished", logging.ERROR if failure else logging.INFO, run=run_id, state=state,
+        log_event(log, "run_finished", logging.ERROR if failure else logging.INFO, run=run.run_id, state=state,
                   reason=self.summary.reason, error=self.summary.error, **counters.model_dump())
         self._report()
 

@@ -30,7 +30,7 @@ from embedjob_worker.plan.batching import Batch, batch_id
 from embedjob_worker.sink.copy_data import content_hash
 from embedjob_worker.core.errors import retry_database
 from embedjob_worker.core.logs import log_event
-from embedjob_worker.sink.postgres import REFUSED_START_REASONS
+from embedjob_worker.sink.runs import latest_started_run
 from embedjob_worker.core.tally import RunTally
 
 log = logging.getLogger("embedjob_worker.sink.incremental")
@@ -138,12 +138,9 @@ def delete_missing(engine: sa.Engine, table: str, collection: str, model: str, r
 
 
 def latest_run_succeeded(engine: sa.Engine, job_key: str) -> bool:
-    """Whether the job's latest run that got to start (sink.start_run resumes that one) succeeded."""
-    runs = db.runs
+    """Whether the job's latest run that got to start (the one runs.JobRuns.start resumes) succeeded."""
     with engine.connect() as conn:
-        state = conn.execute(sa.select(runs.c.state).where(runs.c.job_key == job_key).where(
-            sa.or_(runs.c.reason.is_(None), runs.c.reason.not_in(REFUSED_START_REASONS)))
-            .order_by(runs.c.started_at.desc()).limit(1)).scalar()
+        state = conn.execute(latest_started_run(job_key, db.runs.c.state)).scalar()
     return state == "succeeded"
 
 

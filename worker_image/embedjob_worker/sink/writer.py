@@ -20,6 +20,7 @@ from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, CounterUpdate
 from embedjob_worker.core.records import BadRecord
 from embedjob.contract import HEARTBEAT_S
 from embedjob_worker.sink.postgres import PostgresSink
+from embedjob_worker.sink.runs import RunSession
 from embedjob_worker.core.tally import RunTally
 
 # Finished batches written per transaction at most; more waiting means the sink is behind.
@@ -35,10 +36,10 @@ def note_write_retry(outcomes: list[BatchOutcome], reason: str) -> None:
         outcome.attempts.insert(-1, AttemptRow(final.attempt, None, "retry", reason[:2000], now()))
 
 
-def write_group(sink: PostgresSink, run_id: str, outcomes: list[BatchOutcome], bad_records: list[BadRecord],
+def write_group(sink: PostgresSink, run: RunSession, outcomes: list[BatchOutcome], bad_records: list[BadRecord],
                 update: CounterUpdate | None = None) -> list[BatchOutcome]:
     """One group in one transaction (sink.write), retried while the database is lost; the outcomes written."""
-    return retry_database(lambda: sink.write(run_id, outcomes, bad_records, update), "sink_write",
+    return retry_database(lambda: sink.write(run, outcomes, bad_records, update), "sink_write",
                           lambda exc: note_write_retry(outcomes, f"DatabaseWriteFailed: {exc}"))
 
 
@@ -80,9 +81,9 @@ class _Stop:
 
 
 class SinkWriter(UncommittedBatches):
-    def __init__(self, sink: PostgresSink, run_id: str, tally: RunTally):
+    def __init__(self, sink: PostgresSink, run: RunSession, tally: RunTally):
         super().__init__()
-        self.sink, self.run_id, self.tally = sink, run_id, tally
+        self.sink, self.run, self.tally = sink, run, tally
         self.error: BaseException | None = None
         self._queue: queue.Queue[BatchOutcome | _BadRecords | _Stop] = queue.Queue()
         self._bad_group_slots = threading.Semaphore(_MAX_QUEUED_BAD_GROUPS)
@@ -153,6 +154,6 @@ class SinkWriter(UncommittedBatches):
 
     def _write(self, outcomes: list[BatchOutcome], bad_records: list[BadRecord]) -> None:
         update = self.tally.driver_update(outcomes)
-        written = write_group(self.sink, self.run_id, outcomes, bad_records, update)
+        written = write_group(self.sink, self.run, outcomes, bad_records, update)
         self.tally.reported(update)
         self.tally.commit(written)

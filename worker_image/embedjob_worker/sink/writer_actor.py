@@ -7,7 +7,9 @@ import socket
 
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.outcome import BatchOutcome
-from embedjob_worker.sink.postgres import PostgresSink
+from embedjob_worker.sink.postgres import PostgresSink, open_engine
+from embedjob_worker.sink.runs import RunSession
+from embedjob_worker.sink.target import SinkTarget
 from embedjob_worker.sink.writer import write_group
 
 
@@ -22,16 +24,13 @@ class GroupWriter:
 
     def __init__(self) -> None:
         self.sink: PostgresSink | None = None
-        self.run_id = ""
+        self.run: RunSession | None = None
         self.worker = f"{socket.gethostname()}/{os.getpid()}"[:128]
 
-    def open(self, url: str, run_id: str, settings: dict) -> str:
-        """Connect (checked now, not at the first group); `settings` as writer_pool.sink_settings gives them."""
-        self.sink = PostgresSink(url, settings["job_key"], settings["collection"], settings["table"],
-                                 settings["salt"], settings["vector_type"])
-        self.sink.model, self.sink.revision, self.sink.session = (settings["model"], settings["revision"],
-                                                                  settings["session"])
-        self.run_id = run_id
+    def open(self, url: str, target: SinkTarget, run: RunSession) -> str:
+        """Connect (checked now, not at the first group) to write `run` into `target` as the driver would."""
+        self.sink = PostgresSink(open_engine(url), target)
+        self.run = run
         with self.sink.engine.connect():
             pass
         return self.worker
@@ -49,8 +48,8 @@ class GroupWriter:
                                            f"{str(exc).splitlines()[0]}; a re-run embeds the batches not written")
         for outcome, batch_vectors in zip(succeeded, vectors):
             outcome.vectors = batch_vectors
-        return [o.batch_id for o in write_group(self.sink, self.run_id, outcomes, [])]
+        return [o.batch_id for o in write_group(self.sink, self.run, outcomes, [])]
 
     def close(self) -> None:
         if self.sink is not None:
-            self.sink.close()
+            self.sink.engine.dispose()

@@ -23,8 +23,9 @@ from embedjob_worker.core.actor_names import worker_actor_name
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.logs import log_event
 from embedjob_worker.core.outcome import BatchOutcome
-from embedjob_worker.sink.postgres import PostgresSink
 from embedjob_worker.core.tally import RunTally
+from embedjob_worker.sink.runs import RunSession
+from embedjob_worker.sink.target import SinkTarget
 from embedjob_worker.sink.writer import MAX_GROUP_BATCHES, SinkWriter, UncommittedBatches, note_write_retry, write_failure
 from embedjob_worker.sink.writer_actor import GroupWriter
 
@@ -34,22 +35,16 @@ _OPEN_TIMEOUT_S = 120.0
 _POLL_S = 0.5
 
 
-def sink_settings(sink: PostgresSink) -> dict:
-    """What a GroupWriter needs to write as `sink` does, less the database URL."""
-    return {"job_key": sink.job_key, "collection": sink.collection, "table": sink.table, "salt": sink.salt,
-            "vector_type": sink.vector_type, "model": sink.model, "revision": sink.revision,
-            "session": sink.session}
-
-
 class WriterPool(UncommittedBatches):
     """`count` GroupWriter actors fed from one queue: a free writer takes what has queued (up to
-    MAX_GROUP_BATCHES batches) as its next group. `thread` (the driver's SinkWriter) still writes
-    the bad records and the driver's own counts, and its failures are this pool's too."""
+    MAX_GROUP_BATCHES batches) as its next group, and writes it on its own connection to `url` as
+    the driver would. `thread` (the driver's SinkWriter) still writes the bad records and the
+    driver's own counts, and its failures are this pool's too."""
 
-    def __init__(self, count: int, sink: PostgresSink, run_id: str, tally: RunTally, thread: SinkWriter,
-                 attempts_per_batch: int):
+    def __init__(self, count: int, url: str, target: SinkTarget, run: RunSession, tally: RunTally,
+                 thread: SinkWriter, attempts_per_batch: int):
         super().__init__()
-        self.sink, self.run_id, self.tally, self.thread = sink, run_id, tally, thread
+        self.url, self.target, self.run, self.tally, self.thread = url, target, run, tally, thread
         self.attempts_per_batch = attempts_per_batch
         self.error: BaseException | None = None
         self._actor_class = ray.remote(GroupWriter)
@@ -67,12 +62,12 @@ class WriterPool(UncommittedBatches):
 
     def _start(self, slot: int):
         # No CPU asked: they wait on PostgreSQL mostly, and must not take an EmbeddingWorker's place.
-        return self._actor_class.options(name=worker_actor_name(self.sink.job_key, slot, self.generations[slot],
+        return self._actor_class.options(name=worker_actor_name(self.target.job_key, slot, self.generations[slot],
                                                                 "writer"),
                                          num_cpus=0, max_restarts=0, max_task_retries=0).remote()
 
     def _open(self, actors: list) -> list[str]:
-        calls = [actor.open.remote(self.sink.url, self.run_id, sink_settings(self.sink)) for actor in actors]
+        calls = [actor.open.remote(self.url, self.target, self.run) for actor in actors]
         try:
             return ray.get(calls, timeout=_OPEN_TIMEOUT_S)
         except GetTimeoutError:
