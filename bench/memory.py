@@ -58,7 +58,7 @@ def stream(path: str) -> None:
     from embedjob import db
     from embedjob.api import parse_spec
     from embedjob_worker.sink.copy_data import content_salt
-    from embedjob_worker.plan.feed import batches_to_embed
+    from embedjob_worker.plan.feed import FeedPlan, FeedSkips, batches_to_embed
     from embedjob_worker.core.metrics import DriverMetrics
     from embedjob_worker.sink.seen_ids import SeenIds
     from embedjob_worker.sink.postgres import open_engine
@@ -76,8 +76,9 @@ def stream(path: str) -> None:
             target = SinkTarget("bench/memory", "bench", "embeddings", content_salt(True, None))
             run = JobRuns(engine, target, "memory", "bench").start(RunRequest("m", "r", "input", "config"),
                                                                    new_run=False).run
-            batches = sum(1 for _ in batches_to_embed(spec, path, "bench", {}, RunTally(), DriverMetrics(),
-                                                       lambda bad: None, SeenIds(engine, run.run_id)))
+            batches = sum(1 for _ in batches_to_embed(FeedPlan(spec, path, "bench"),
+                                                       FeedSkips(SeenIds(engine, run.run_id)), RunTally(),
+                                                       DriverMetrics(), lambda bad: None))
             engine.dispose()
         finally:
             server.cleanup()

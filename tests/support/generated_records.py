@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from embedjob.api import parse_spec
 from embedjob_worker.plan.batching import Batch
-from embedjob_worker.plan.feed import batches_to_embed
+from embedjob_worker.plan.feed import FeedPlan, FeedSkips, batches_to_embed
 from embedjob_worker.core.metrics import DriverMetrics
 from embedjob_worker.core.records import BadReason, BadRecord, MAX_ID_BYTES, Record
 from embedjob_worker.plan.checks import IdRegistry
@@ -157,7 +157,8 @@ def feed(path: Path, fmt: str, batch_size: int, sort_window: int, ids: IdRegistr
                        "sink": {"databaseSecretRef": {"name": "db"}}})
     bad: list[BadRecord] = []
     tally = RunTally()
-    batches = list(batches_to_embed(spec, str(path), "generated", {}, tally, DriverMetrics(), bad.extend, ids))
+    batches = list(batches_to_embed(FeedPlan(spec, str(path), "generated"), FeedSkips(ids), tally, DriverMetrics(),
+                                    bad.extend))
     return FeedOutcome(batches, bad, tally.records_total)
 
 

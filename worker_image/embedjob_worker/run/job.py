@@ -31,7 +31,7 @@ from embedjob_worker.plan.chunking import Chunker
 from embedjob_worker.core.config import JobConfig, config_fingerprint, run_identity
 from embedjob_worker.encode.dispatch import Dispatcher
 from embedjob_worker.core.errors import DB_ERRORS, JobFailed, Unreachable, retry_database, too_many_failed_batches
-from embedjob_worker.plan.feed import batches_to_embed
+from embedjob_worker.plan.feed import FeedPlan, FeedSkips, batches_to_embed
 from embedjob_worker.sink.incremental import (
     IncrementalFeed, StoredHashes, delete_missing, forget_seen_ids, latest_run_succeeded, run_batch_ids,
 )
@@ -201,10 +201,11 @@ class JobRun:
             try:
                 stored = StoredHashes(self.engine, spec.sink.table, spec.sink.collection, resolved.name,
                                       resolved.revision, self.target.salt)
-                batches = batches_to_embed(spec, uri, key, done_before, self.tally, self.metrics,
-                                           writer.put_bad_records, self._id_registry(run.run_id),
-                                           self.source_database_url,
-                                           IncrementalFeed(stored, run_batches, self.tally).to_embed, budget, chunker)
+                batches = batches_to_embed(
+                    FeedPlan(spec, uri, key, self.source_database_url, budget, chunker),
+                    FeedSkips(self._id_registry(run.run_id), done_before,
+                              IncrementalFeed(stored, run_batches, self.tally).to_embed),
+                    self.tally, self.metrics, writer.put_bad_records)
                 # No actor starts (nor model loads) before a batch needs one: an unchanged re-run starts none.
                 first = next(batches, None)
                 failure = (self._outcome_failure(0) if first is None else
