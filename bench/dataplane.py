@@ -19,6 +19,7 @@
 (c) The projected ceiling per core from (a): 1 / (CPU seconds a record costs the driver).
 
     HF_HUB_OFFLINE=1 python bench/dataplane.py [--parts a b] [--records 20000] [--dim 384] [--texts 20000] [--rounds 3]
+                                               [--corpus PATH]
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+from corpus import add_corpus_argument, first_records, open_corpus
 from rounds import report, run_rounds
-from throughput import CORPUS, TINY_BATCH, embedjob_driver, first_records
+from throughput import TINY_BATCH, embedjob_driver
 from tiny_model import build_tiny_model
 
+from embedjob import db
 from embedjob_worker.plan.batching import batch_key, make_batches
 from embedjob_worker.sink.copy_data import content_salt
-from embedjob import db
 from embedjob_worker.plan.feed import lookup_groups
 from embedjob_worker.sink.incremental import StoredHashes
 from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
@@ -146,6 +148,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--parts", nargs="+", choices=["a", "b"], default=["a", "b"], help="(a) and (c), (b)")
+    add_corpus_argument(parser)
     args = parser.parse_args()
 
     import ray
@@ -166,7 +169,7 @@ def stage_costs(args: argparse.Namespace) -> None:
     """(a), and (c) from it."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "records.jsonl"
-        with CORPUS.open() as src, path.open("w") as out:
+        with open_corpus(args.corpus) as src, path.open("w") as out:  # plain JSONL: the driver's reader is timed
             for _, line in zip(range(args.records), src):
                 out.write(line)
         print(f"(a) CPU of this process per record, {args.records} PEP paragraphs, {args.dim}-dim vectors, "
@@ -181,7 +184,7 @@ def end_to_end(args: argparse.Namespace) -> None:
     """(b)."""
     tiny_dir = build_tiny_model(Path(tempfile.mkdtemp(prefix="embedjob-tiny-")) / "model")
     tiny = {"name": "bench/tiny-random-bert", "path": str(tiny_dir)}
-    records = first_records(args.texts)
+    records = first_records(args.texts, args.corpus)
 
     def driver(writers: int) -> float:
         with tempfile.TemporaryDirectory() as tmp:

@@ -14,6 +14,7 @@ then the bench casts its own encode and actor models with `model.half()`, and th
 contender runs in float32 and says so in its name.
 
     HF_HUB_OFFLINE=1 python bench/gpu.py [--texts 100000] [--half] [--budgets 16384 65536] [--actors 1 4]
+                                         [--corpus PATH]
     python bench/gpu.py --dry-run   # CPU smoke mode: tiny model, a few hundred texts, no GPU needed
 
 Without a CUDA GPU (and without --dry-run) it stops with a message saying so.
@@ -34,8 +35,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from corpus import add_corpus_argument, open_corpus
 from rounds import report, run_rounds
-from throughput import CORPUS, MODEL_NAME, MODEL_PACKAGE, embedjob_driver, model_dir
+from throughput import MODEL_NAME, MODEL_PACKAGE, embedjob_driver, model_dir
 from tiny_model import build_tiny_model
 
 SAMPLE_INTERVAL_S = 0.2
@@ -47,9 +49,9 @@ NO_GPU = ("bench/gpu.py: no CUDA GPU is visible (torch.cuda.is_available() is Fa
           "Run it on a machine with a GPU, or pass --dry-run for the CPU smoke mode.")
 
 
-def corpus_records(count: int) -> list[dict]:
+def corpus_records(count: int, path: Path) -> list[dict]:
     """`count` PEP paragraphs, the corpus repeated (ids made unique) when it holds fewer."""
-    with CORPUS.open() as f:
+    with open_corpus(path) as f:
         base = [json.loads(line) for line in f]
     return [{"id": f"{base[i % len(base)]['id']}~{i // len(base)}", "text": base[i % len(base)]["text"]}
             for i in range(count)]
@@ -192,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-driver", action="store_true", help="leave out the driver + PostgreSQL contender")
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU smoke mode: the tiny model on CPU, --texts 300 unless given, 1 round")
+    add_corpus_argument(parser)
     args = parser.parse_args(argv)
     import torch
 
@@ -216,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     if half and "precision" in Model.model_fields:
         model, driver_precision = {**model, "precision": "float16"}, "float16"
     resolved = resolve_model(Model(**{k: v for k, v in model.items() if k != "precision"}))
-    records = corpus_records(args.texts)
+    records = corpus_records(args.texts, args.corpus)
     texts = [r["text"] for r in records]
     tokens = sum(TokenCounter(resolved, MODEL_LIMIT)(texts))
     precision = "float16" if half else "float32"

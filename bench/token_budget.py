@@ -8,6 +8,7 @@ where the model costs next to nothing, so the driver's own token counting shows.
 figure is the driver's token counting alone (the model's tokenizer, CPU µs per text).
 
     HF_HUB_OFFLINE=1 python bench/token_budget.py [--texts 2000] [--budgets 4096 16384] [--cpus 2] [--rounds 3]
+                                                  [--corpus PATH]
 
 The contenders alternate in each round (bench/rounds.py); the table gives medians and ranges.
 """
@@ -21,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from corpus import add_corpus_argument, first_records
 from rounds import report, run_rounds
-from throughput import MODEL_NAME, MODEL_PACKAGE, TINY_BATCH, embedjob_driver, first_records
+from throughput import MODEL_NAME, MODEL_PACKAGE, TINY_BATCH, embedjob_driver
 from tiny_model import build_tiny_model
 
 BUDGET_BATCH_SIZE = 512
@@ -52,8 +54,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tiny-texts", type=int, default=20_000, help="texts for the tiny model (0: leave it out)")
     parser.add_argument("--tiny-budget", type=int, default=65_536, help="the tiny model's maxTokens contender")
+    add_corpus_argument(parser)
     args = parser.parse_args()
-    records = first_records(max(args.texts, args.tiny_texts))
+    records = first_records(max(args.texts, args.tiny_texts), args.corpus)
     tiny_records, records = records[:args.tiny_texts], records[:args.texts]
     print(f"{len(records)} PEP paragraphs, {args.cpus} CPUs, {args.rounds} rounds; "
           f"tiny model: {len(tiny_records)} paragraphs")
