@@ -1,4 +1,4 @@
-"""The sections of the EmbeddingJob spec (source, model, batching, workers, sink, retry, sync).
+"""The spec sections source, batching, workers, retry, sync and chunking of the EmbeddingJob.
 
 `embedjob.api` assembles them into `EmbeddingJobSpec`; their base model is `embedjob.api_base.ApiModel`,
 the model is in `embedjob.api_model`, the sink in `embedjob.api_sink`, the table source's parts in

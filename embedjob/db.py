@@ -1,7 +1,7 @@
 """The shared database schema (SQLAlchemy Core) and its migrations.
 
-The driver writes these tables; the controller only reads `runs`/`batches` to report
-progress. Bookkeeping tables have fixed names (prefix `embedjob_`) and are created by
+The driver writes these tables; the controller reads `runs`/`batches` to report progress,
+and takes and marks pool leases (`controller.pool_leases`) to remove idle shared pools. Bookkeeping tables have fixed names (prefix `embedjob_`) and are created by
 the Alembic migrations in `embedjob/migrations`. The vectors table is named by the
 user (`spec.sink.table`) and its width depends on the model, so it is created by
 `vectors_table(...).create(checkfirst=True)` once the model's dimension is known.

@@ -1,5 +1,5 @@
-"""PostgreSQL binary COPY data for the staging table: one row per chunk (record id, chunk number and offsets,
-content hash, pgvector vector, text)."""
+"""PostgreSQL binary COPY data of finished batches (one row per chunk: record id, chunk number and offsets,
+content hash, pgvector vector, text), for the staging table or the vectors table; the content hash and its salt."""
 
 from __future__ import annotations
 
