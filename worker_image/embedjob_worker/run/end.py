@@ -1,0 +1,69 @@
+"""The end of a job's run: the vector index built, the run row finished, the summary filled in; a refused start."""
+
+from __future__ import annotations
+
+import logging
+
+import sqlalchemy as sa
+
+from embedjob.api import EmbeddingJobSpec, RunCounters
+
+from embedjob_worker.core.errors import DB_ERRORS, JobFailed, Unreachable, retry_database
+from embedjob_worker.core.logs import log_event
+from embedjob_worker.core.tally import RunSummary, RunTally
+from embedjob_worker.sink.runs import JobRuns, RunSession
+from embedjob_worker.sink.vector_index import ensure_index, metric_for
+
+log = logging.getLogger("embedjob_worker.run.end")
+
+
+def refused(summary: RunSummary, failure: JobFailed) -> RunSummary:
+    """The job cannot start a run: no run row is written, the summary says why."""
+    log_event(log, "job_refused", logging.ERROR, reason=failure.reason, error=str(failure))
+    summary.state, summary.reason, summary.error = "failed", failure.reason, str(failure)
+    return summary
+
+
+def build_index(engine: sa.Engine, spec: EmbeddingJobSpec, summary: RunSummary) -> JobFailed | None:
+    """After a successful load: the HNSW index spec.sink.index asks for (into `summary`), unless the table has it
+    already."""
+    index, sink = spec.sink.hnsw, spec.sink
+    if index is None:
+        return None
+    try:  # not retried: a build that failed (memory, timeout) is retried by re-running the job
+        summary.index = ensure_index(engine, sink.table, sink.vector_type, metric_for(spec.model.normalize), index)
+    except sa.exc.DBAPIError as exc:
+        return JobFailed("IndexBuildFailed", f"spec.sink.index: building the HNSW index on table {sink.table} "
+                                             f"failed: {str(exc.orig).strip()}; the vectors are written, a re-run "
+                                             "builds only the index")
+    if summary.index.note:  # kept with other parameters, or built past its memory
+        log_event(log, "index_built_slowly" if summary.index.built else "index_kept", logging.WARNING,
+                  note=summary.index.note)
+    return None
+
+
+def finish_run(runs: JobRuns, run: RunSession, failure: JobFailed | None, tally: RunTally, summary: RunSummary,
+               elapsed_s: float) -> None:
+    """The run row's end (failed with `failure`, else succeeded) and the summary of the run, with the row's
+    counters; Unreachable when the database cannot record it."""
+    built = summary.index
+    update = tally.driver_update()
+    update.set["index_build_seconds"] = round(built.seconds, 3) if built and built.built else None
+    state = "failed" if failure else "succeeded"
+    summary.state = state
+    summary.batches_skipped = tally.batches_skipped
+    summary.records_truncated += tally.truncated_skipped  # the run's, not only this session's
+    summary.reason = failure.reason if failure else None
+    summary.error = str(failure) if failure else None
+    summary.elapsed_seconds = elapsed_s
+    try:
+        row = retry_database(lambda: runs.finish(run, state, summary.reason, summary.error, update), "finish_run")
+    except DB_ERRORS as exc:
+        raise Unreachable(f"cannot record the run's end in the database: {exc}") from None
+    except JobFailed as superseded:  # another driver resumed the run: the row is its now
+        log_event(log, "run_superseded", logging.ERROR, run=run.run_id, error=str(superseded))
+        row = tally.counters().model_dump() | update.set
+    # The row's counters, which every writer's commits added to.
+    summary.counters = counters = RunCounters(**{name: row[name] for name in RunCounters.model_fields})
+    log_event(log, "run_finished", logging.ERROR if failure else logging.INFO, run=run.run_id, state=state,
+              reason=summary.reason, error=summary.error, **counters.model_dump())

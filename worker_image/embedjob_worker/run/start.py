@@ -1,0 +1,92 @@
+"""The start of a job's run: migrations, the model and input resolved, the token plan, the run started or resumed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from embedjob import db
+
+from embedjob_worker.core.config import JobConfig, config_fingerprint, run_identity
+from embedjob_worker.core.errors import JobFailed, Unreachable
+from embedjob_worker.encode.model import ResolvedModel, resolve_model
+from embedjob_worker.encode.tokens import chunker_for, load_tokenizer, model_token_limit, token_budget
+from embedjob_worker.plan.batching import TokenBudget, batch_key
+from embedjob_worker.plan.chunking import Chunker
+from embedjob_worker.sink.incremental import latest_run_succeeded
+from embedjob_worker.sink.runs import JobRuns, RunRequest, RunStart
+from embedjob_worker.source.files import resolve_uri
+from embedjob_worker.source.snapshot import InputSnapshot, input_snapshot
+from embedjob_worker.source.table import table_snapshot, table_uri
+
+
+@dataclass(frozen=True)
+class StartedRun:
+    """A run started or resumed, and what its batches are made with."""
+
+    start: RunStart
+    resolved: ResolvedModel
+    uri: str  # where the input is read (a table source's: table_uri)
+    key: str  # batch ids derive from it: the input's and the config's fingerprints (batching.batch_key)
+    budget: TokenBudget | None  # spec.batching.maxTokens
+    chunker: Chunker | None  # spec.chunking
+
+
+def migrate(database_url: str) -> None:
+    """The bookkeeping tables at the newest schema: Unreachable without the database, JobFailed (SchemaBehind)
+    when this role may not migrate them."""
+    try:
+        db.migrate(database_url)
+    except sa.exc.OperationalError as exc:
+        raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
+    except db.SchemaBehind as exc:  # a namespace role may not migrate: an admin must (docs/install.md)
+        raise JobFailed("SchemaBehind", str(exc)) from None
+
+
+def start_run(config: JobConfig, runs: JobRuns, new_run: bool) -> StartedRun:
+    """Resolve the model's revision and the input, plan tokens, then start or resume the run (a new one with
+    `new_run`). JobFailed when it may not start; a missing model or input, or a model that cannot take the
+    token plan, is recorded as a refused start."""
+    spec = config.spec
+    try:
+        resolved, uri, snapshot = _resolve_inputs(config)
+        budget, chunker = _token_plan(config, resolved)
+    except JobFailed as failure:
+        runs.refuse_start(spec.model.name, failure)
+        raise
+    identity = run_identity(spec, resolved.revision)
+    config_fp = config_fingerprint(identity)
+    # A table's rows change by design: each sync after a finished one is a run of its own (docs/table-source.md).
+    new_run = new_run or (spec.source.table is not None and latest_run_succeeded(runs.engine, config.job_key))
+    start = runs.start(RunRequest(resolved.name, resolved.revision, snapshot.fingerprint, config_fp, identity,
+                                  snapshot.record()), new_run, config.how_to_start_anew)
+    return StartedRun(start, resolved, uri, batch_key(snapshot.fingerprint, config_fp), budget, chunker)
+
+
+def _resolve_inputs(config: JobConfig) -> tuple[ResolvedModel, str, InputSnapshot]:
+    """Model revision, the input's location and its snapshot (fingerprint)."""
+    spec = config.spec
+    table = spec.source.table
+    uri = table_uri(table) if table else resolve_uri(spec.source.uri, config.base_dir)
+    try:
+        resolved = resolve_model(spec.model)
+    except (OSError, ValueError) as exc:
+        raise JobFailed("ModelUnavailable", f"spec.model: {exc}") from None
+    try:
+        return resolved, uri, table_snapshot(table) if table else input_snapshot(uri)
+    except (OSError, ValueError) as exc:
+        raise JobFailed("SourceUnavailable", f"spec.source {uri}: {type(exc).__name__}: {exc}") from None
+
+
+def _token_plan(config: JobConfig, resolved: ResolvedModel) -> tuple[TokenBudget | None, Chunker | None]:
+    """The token budget and the chunker the spec asks for (one tokenizer for both); JobFailed when the model
+    cannot take them."""
+    spec, limit = config.spec, model_token_limit(resolved)
+    try:
+        tokenizer = (load_tokenizer(resolved) if spec.batching.max_tokens is not None and spec.chunking is not None
+                     else None)
+        return (token_budget(spec.batching.max_tokens, resolved, limit, tokenizer),
+                chunker_for(spec.chunking, resolved, limit, tokenizer))
+    except (OSError, ValueError) as exc:
+        raise JobFailed("ModelUnavailable", f"spec.model: the tokenizer: {type(exc).__name__}: {exc}") from None
