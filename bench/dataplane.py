@@ -44,6 +44,7 @@ from embedjob_worker.plan.feed import lookup_groups
 from embedjob_worker.sink.incremental import StoredHashes
 from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.core.records import Record
+from embedjob_worker.core.worker_reports import EmbedResult
 from embedjob_worker.plan.checks import classify_records
 from embedjob_worker.sink.seen_ids import SeenIds
 from embedjob_worker.sink.postgres import PostgresSink, open_engine
@@ -63,9 +64,8 @@ class ReadyVectors:
     def __init__(self, dim: int, batch_size: int):
         self.vectors = np.random.default_rng(0).standard_normal((batch_size, dim)).astype(np.float32)
 
-    def embed_apart(self, batch_id: str, texts: list[str]) -> tuple[dict, np.ndarray]:
-        return ({"batch_id": batch_id, "truncated": [], "model": "bench", "revision": "r", "worker": "bench",
-                 "seconds": 0.0, "oom_splits": 0}, self.vectors[:len(texts)])
+    def embed_apart(self, batch_id: str, texts: list[str]) -> tuple[EmbedResult, np.ndarray]:
+        return EmbedResult(batch_id, (), "bench", "r", "bench", 0.0, 0), self.vectors[:len(texts)]
 
 
 def cpu_per_record(records: int, call) -> tuple[float, object]:

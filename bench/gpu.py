@@ -159,9 +159,9 @@ def actor_pool(resolved, actors: int, gpu: bool, half: bool, batches: list) -> C
             for number, batch in enumerate(batches):
                 if len(pending) >= MAX_IN_FLIGHT_PER_ACTOR * actors:
                     ready, pending = ray.wait(pending, num_returns=1)
-                    done += sum(len(ray.get(ref)["vectors"]) for ref in ready)
+                    done += sum(len(ray.get(ref).vectors) for ref in ready)
                 pending.append(pool[number % actors].embed.remote(batch.batch_id, batch.texts))
-            done += sum(len(result["vectors"]) for result in ray.get(pending))
+            done += sum(len(result.vectors) for result in ray.get(pending))
             seconds = time.perf_counter() - started
         finally:
             for actor in pool:

@@ -4,7 +4,8 @@ Stages, lowest first; a stage imports only the ones below it (tests/unit/test_la
 keeps this):
 
 - `core/`   the vocabulary every stage shares: the job config, records, finished batches,
-            failures, logs, metrics, the run's counts, actor names. Imports no stage.
+            failures, logs, metrics, the run's counts, actor names, what the EmbeddingWorker
+            actors report. Imports no stage.
 - `source/` reading the input: files (local or fsspec), a PostgreSQL table, the input's snapshot.
 - `plan/`   record checks, length-sorted and token-budget batches, chunking, the feed.
 - `encode/` the model and its backends, the tokenizer, the EmbeddingWorker actors, dispatch

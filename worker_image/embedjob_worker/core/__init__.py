@@ -1,2 +1,2 @@
 """Stage `core`: the vocabulary every stage shares (config, records, outcomes, errors, logs, metrics,
-counts, actor names). Imports no stage; no Ray, torch or sentence-transformers."""
+counts, actor names, what the actors report). Imports no stage; no Ray, torch or sentence-transformers."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from embedjob.api import RunCounters
 
 from embedjob_worker.core.logs import log_event
+from embedjob_worker.core.worker_reports import WorkerInfo
 from embedjob_worker.core.outcome import (ADDED_COUNTERS, KEPT_ON_RESUME, BatchOutcome, CounterUpdate, DoneBatch, chunks,
                                           group_counts)
 
@@ -178,7 +179,7 @@ class RunSummary:
     batch_latencies: list[float] = field(default_factory=list)
     model_load_seconds: float = 0.0
     elapsed_seconds: float = 0.0
-    workers: list[dict] = field(default_factory=list)  # each actor's info(): actor id, when it loaded the model
+    workers: list[WorkerInfo] = field(default_factory=list)  # each actor's, once it had loaded the model
     writers: dict[str, int] = field(default_factory=dict)  # batches each writer actor (host/pid) committed
     index: IndexBuild | None = None  # the vector index after the load (spec.sink.index), built or found
 

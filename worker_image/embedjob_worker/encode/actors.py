@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -9,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from embedjob_worker.core.worker_reports import EmbedResult, WorkerInfo
 from embedjob_worker.encode.exported import ExportedModel, materialize
 from embedjob_worker.encode.model import ResolvedModel, load_model, loaded_revision
 
@@ -46,21 +48,21 @@ class EmbeddingWorker:
         self.actor_id = ray.get_runtime_context().get_actor_id() or ""
         self.worker_id = f"{socket.gethostname()}/{os.getpid()}/{self.actor_id[:8]}"[:128]
 
-    def info(self) -> dict[str, Any]:
-        return {
-            "model": self.name,
-            "revision": self.faults.get("revision", self.revision),
-            "dimension": self.model.get_embedding_dimension()
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(
+            model=self.name,
+            revision=self.faults.get("revision", self.revision),
+            dimension=self.model.get_embedding_dimension()
             if hasattr(self.model, "get_embedding_dimension")
             else self.model.get_sentence_embedding_dimension(),
-            "max_tokens": self.max_tokens,
-            "load_seconds": self.load_seconds,
-            "loaded_at": self.loaded_at,
-            "actor_id": self.actor_id,
-            "worker": self.worker_id,
-        }
+            max_tokens=self.max_tokens,
+            load_seconds=self.load_seconds,
+            loaded_at=self.loaded_at,
+            actor_id=self.actor_id,
+            worker=self.worker_id,
+        )
 
-    def embed(self, batch_id: str, texts: list[str], pass_size: int | None = None) -> dict[str, Any]:
+    def embed(self, batch_id: str, texts: list[str], pass_size: int | None = None) -> EmbedResult:
         """Vectors of `texts`, `pass_size` texts a forward pass (default: all of them in one)."""
         started = time.monotonic()
         if "hang_once_file" in self.faults:
@@ -70,24 +72,24 @@ class EmbeddingWorker:
             except FileExistsError:
                 pass
         vectors, splits = self._encode(texts, pass_size or len(texts))
-        return {
-            "batch_id": batch_id,
-            "vectors": vectors,
-            "truncated": self._truncated(texts),
-            "model": self.name,
-            "revision": self.faults.get("revision", self.revision),
-            "worker": self.worker_id,
-            "seconds": time.monotonic() - started,
-            "oom_splits": splits,
-        }
+        return EmbedResult(
+            batch_id=batch_id,
+            truncated=self._truncated(texts),
+            model=self.name,
+            revision=self.faults.get("revision", self.revision),
+            worker=self.worker_id,
+            seconds=time.monotonic() - started,
+            oom_splits=splits,
+            vectors=vectors,
+        )
 
     def embed_apart(self, batch_id: str, texts: list[str], pass_size: int | None = None
-                    ) -> tuple[dict[str, Any], np.ndarray]:
+                    ) -> tuple[EmbedResult, np.ndarray]:
         """`embed`, with the vectors as a second return value (called with num_returns=2): the driver
-        gets the first and hands the ObjectRef of the second to a writer actor (spec.sink.writers)."""
+        gets the first (its vectors None) and hands the ObjectRef of the second to a writer actor
+        (spec.sink.writers)."""
         result = self.embed(batch_id, texts, pass_size)
-        vectors = result.pop("vectors")
-        return result, vectors
+        return dataclasses.replace(result, vectors=None), result.vectors
 
     def _encode(self, texts: list[str], pass_size: int) -> tuple[np.ndarray, int]:
         """Encode in forward passes of `pass_size` texts; on out-of-memory, encode the halves (recursively)."""
@@ -111,14 +113,14 @@ class EmbeddingWorker:
             second, second_splits = self._encode(texts[half:], pass_size)
             return np.vstack([first, second]), 1 + first_splits + second_splits
 
-    def _truncated(self, texts: list[str]) -> list[int]:
+    def _truncated(self, texts: list[str]) -> tuple[int, ...]:
         """Indices of texts longer than the model's token limit (they were embedded truncated)."""
         # A token covers at least one character, so only texts longer than the limit
         # (less the two special tokens) can exceed it; only those are tokenized.
         candidates = [i for i, t in enumerate(texts) if len(t) > self.max_tokens - 2]
         if not candidates:
-            return []
+            return ()
         encoded = self.model.tokenizer(
             [texts[i] for i in candidates], add_special_tokens=True, truncation=False, verbose=False
         )["input_ids"]
-        return [i for i, ids in zip(candidates, encoded) if len(ids) > self.max_tokens]
+        return tuple(i for i, ids in zip(candidates, encoded) if len(ids) > self.max_tokens)

@@ -36,6 +36,7 @@ from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.core.records import BadReason, BadRecord, chunk_owners
 from embedjob.contract import HEARTBEAT_S
 from embedjob_worker.core.tally import RunSummary
+from embedjob_worker.core.worker_reports import EmbedResult
 from embedjob_worker.encode.workers import ActorSet, check_model
 from embedjob_worker.core.outcome import BatchWriter
 
@@ -189,7 +190,7 @@ class Dispatcher:
             return self._failed_attempt(attempt, type(cause).__name__,
                                         str(cause).splitlines()[0] if str(cause) else "", retryable=True)
         # Matched by the id the result carries, not by the order of submission.
-        attempt = self._complete(result["batch_id"])
+        attempt = self._complete(result.batch_id)
         latency = time.monotonic() - attempt.submitted
         self._answered.add(attempt.worker)
         self.summary.batch_latencies.append(latency)
@@ -201,23 +202,23 @@ class Dispatcher:
             return self._failed_attempt(attempt, mismatch.reason, str(mismatch), retryable=False)
         return self._succeeded(attempt, result)
 
-    def _succeeded(self, attempt: Attempt, result: dict) -> BatchOutcome:
-        batch, worker, history = attempt.batch, result["worker"], attempt.history
-        if result["oom_splits"]:
-            self.summary.oom_splits += result["oom_splits"]
-            self.metrics.oom_splits.inc(result["oom_splits"])
+    def _succeeded(self, attempt: Attempt, result: EmbedResult) -> BatchOutcome:
+        batch, worker, history = attempt.batch, result.worker, attempt.history
+        if result.oom_splits:
+            self.summary.oom_splits += result.oom_splits
+            self.metrics.oom_splits.inc(result.oom_splits)
             history.append(AttemptRow(attempt.number, worker, "split", f"OutOfMemory: batch of {len(batch.records)}"
-                                      f" split in halves {result['oom_splits']} time(s)", attempt.started_at))
+                                      f" split in halves {result.oom_splits} time(s)", attempt.started_at))
         history.append(AttemptRow(attempt.number, worker, "succeeded", None, attempt.started_at))
         owners = chunk_owners(batch.records)
         truncated = [BadRecord(record.position, record.id, BadReason.truncated,
                                f"longer than {self.max_tokens} tokens: embedded truncated", batch.batch_id)
-                     for record in dict.fromkeys(owners[i] for i in result["truncated"])]
+                     for record in dict.fromkeys(owners[i] for i in result.truncated)]
         self.summary.records_truncated += len(truncated)
         self.metrics.records.labels("embedded").inc(len(batch.records))
         self.metrics.records.labels("truncated").inc(len(truncated))
         self.metrics.batches.labels("succeeded").inc()
-        vectors = attempt.vectors if self._vectors_apart else result["vectors"]
+        vectors = attempt.vectors if self._vectors_apart else result.vectors
         return BatchOutcome(batch.batch_id, "succeeded", batch.records, history, attempt.first_started_at,
                             vectors=vectors, worker=worker, truncated=truncated,
                             duration_s=(now() - attempt.first_started_at).total_seconds())

@@ -9,16 +9,17 @@ from embedjob_worker.core.actor_names import POOL_NAMESPACE, pool_actor_name, wo
 from embedjob_worker.encode.actors import EmbeddingWorker
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.core.worker_reports import EmbedResult, WorkerInfo
 from embedjob_worker.encode.exported import model_for_actors
 from embedjob_worker.encode.lease import PoolLease
 from embedjob_worker.encode.model import ResolvedModel
 
 
-def check_model(reported: dict, resolved: ResolvedModel) -> None:
+def check_model(reported: WorkerInfo | EmbedResult, resolved: ResolvedModel) -> None:
     """An actor's info() or result must come from the job's model and revision."""
-    if (reported["model"], reported["revision"]) != (resolved.name, resolved.revision):
-        raise JobFailed("ModelMismatch", f"worker {reported['worker']} has {reported['model']}@"
-                        f"{reported['revision']}, the job pins {resolved.name}@{resolved.revision}")
+    if (reported.model, reported.revision) != (resolved.name, resolved.revision):
+        raise JobFailed("ModelMismatch", f"worker {reported.worker} has {reported.model}@"
+                        f"{reported.revision}, the job pins {resolved.name}@{resolved.revision}")
 
 
 class ActorSet:
@@ -59,7 +60,7 @@ class ActorSet:
             return pool_actor_name(self.shared_pool, slot)
         return worker_actor_name(self.job_key, slot, self.generations[slot])
 
-    def wait_ready(self, timeout_s: float) -> list[dict]:
+    def wait_ready(self, timeout_s: float) -> list[WorkerInfo]:
         """Each actor's info() once it has loaded the model."""
         try:
             return ray.get([actor.info.remote() for actor in self.actors], timeout=timeout_s)

@@ -30,6 +30,7 @@ from embedjob_worker.core.logs import log_event
 from embedjob_worker.core.metrics import DriverMetrics
 from embedjob_worker.core.outcome import BatchWriter
 from embedjob_worker.core.tally import RunSummary, RunTally
+from embedjob_worker.core.worker_reports import WorkerInfo
 from embedjob_worker.encode.dispatch import Dispatcher
 from embedjob_worker.encode.lease import PoolLease
 from embedjob_worker.encode.model import ResolvedModel
@@ -219,12 +220,12 @@ class JobRun:
     def _dispatcher(self, actors: ActorSet, resolved: ResolvedModel, skipping: int) -> Dispatcher:
         """Once every actor has loaded the job's model: the vectors table, and the dispatcher."""
         infos = self._ready_workers(actors, resolved)
-        self._prepare_vectors_table(infos[0]["dimension"])
+        self._prepare_vectors_table(infos[0].dimension)
         self._start_embedding(infos, skipping)
-        return Dispatcher(self.spec, actors, resolved, infos[0]["max_tokens"], self.metrics, self.summary,
+        return Dispatcher(self.spec, actors, resolved, infos[0].max_tokens, self.metrics, self.summary,
                           self.options.hung_batch_floor_s)
 
-    def _ready_workers(self, actors: ActorSet, resolved: ResolvedModel) -> list[dict]:
+    def _ready_workers(self, actors: ActorSet, resolved: ResolvedModel) -> list[WorkerInfo]:
         """Each actor's info once it has loaded the model, which must be the job's (ModelMismatch)."""
         infos = actors.wait_ready(self.options.workers_ready_timeout_s)
         self.summary.workers = infos
@@ -239,12 +240,12 @@ class JobRun:
         ensure_vectors_table(self.engine, sink.table, dimension, sink.vector_type)
         check_indexable(sink.hnsw, sink.vector_type, dimension)
 
-    def _start_embedding(self, infos: list[dict], skipping: int) -> None:
+    def _start_embedding(self, infos: list[WorkerInfo], skipping: int) -> None:
         """The model's load time into the summary and metrics; texts per second count from here."""
-        self.summary.model_load_seconds = max(i["load_seconds"] for i in infos)
+        self.summary.model_load_seconds = max(i.load_seconds for i in infos)
         self.metrics.model_load_seconds.set(self.summary.model_load_seconds)
         log_event(log, "workers_ready", replicas=len(infos), load_seconds=round(self.summary.model_load_seconds, 2),
-                  actors=",".join(i["actor_id"] for i in infos), dimension=infos[0]["dimension"], skipping=skipping)
+                  actors=",".join(i.actor_id for i in infos), dimension=infos[0].dimension, skipping=skipping)
         self.tally.start_embedding()
 
     def _report(self) -> None:
