@@ -79,7 +79,9 @@ class PoolSweeper:
         # The EmbeddingJobs listed so far, by uid; one gone since keeps its record (exists False)
         # while a lease names it, so that its pool can go (JobDeleted). Lost on a restart.
         self._jobs: dict[str, JobRecord] = {}
-        self._reported: set[str] = set()  # unconfirmed lease ids already logged
+        # unconfirmed lease id -> the reason logged for it: logged again when the reason changes (a job the watch
+        # had not seen yet is JobNotFound first, then JobInOtherNamespace)
+        self._reported: dict[str, str] = {}
 
     def wake(self) -> None:
         """A job ended or was deleted: sweep once its pool has been idle long enough."""
@@ -134,13 +136,13 @@ class PoolSweeper:
 
     def _confirmed(self, cluster: str, pool: str, leases: list[Lease], listed: set[str],
                    unconfirmed_by_reason: Counter | None = None) -> list[Lease]:
-        """The leases Kubernetes confirms; each other one is logged once, with its reason."""
+        """The leases Kubernetes confirms; each other one is logged once per reason it has."""
         confirmed, unconfirmed = confirm(cluster, leases, self._jobs, listed)
         for lease, reason in unconfirmed:
             if unconfirmed_by_reason is not None:
                 unconfirmed_by_reason[reason] += 1
-            if lease.lease_id not in self._reported:
-                self._reported.add(lease.lease_id)
+            if self._reported.get(lease.lease_id) != reason:
+                self._reported[lease.lease_id] = reason
                 log.warning("lease %s of pool %s on %s (job key %r) is not confirmed by Kubernetes (%s): "
                             "ignored; it never makes the operator read or change that cluster",
                             lease.lease_id, pool, cluster, lease.job_key, reason)
@@ -151,7 +153,7 @@ class PoolSweeper:
         keys = {lease.job_key for leases in pools.values() for lease in leases}
         lease_ids = {lease.lease_id for leases in pools.values() for lease in leases}
         self._jobs = {uid: record for uid, record in self._jobs.items() if record.exists or uid in keys}
-        self._reported &= lease_ids
+        self._reported = {lease_id: reason for lease_id, reason in self._reported.items() if lease_id in lease_ids}
 
     async def sweep(self) -> list[Removal]:
         now, pools = await asyncio.to_thread(self.store.pools)
