@@ -16,8 +16,7 @@ from typing import Mapping
 import yaml
 from pydantic import ValidationError
 
-from embedjob.api import DNS_LABEL, SpecError
-from embedjob.api import PodDefaults
+from embedjob.api import DNS_LABEL, PodDefaults, SpecError
 from embedjob.contract import DATABASE_URL_ENV, POOL_LEASE_EXPIRY_SECONDS
 
 POD_DEFAULTS_ENV = "EMBEDJOB_POD_DEFAULTS"

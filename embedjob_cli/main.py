@@ -18,8 +18,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 from tqdm import tqdm  # noqa: E402
 
 from embedjob import db  # noqa: E402
-from embedjob.api import RunCounters, SpecError  # noqa: E402
-from embedjob.api import IndexType, VectorIndex
+from embedjob.api import IndexType, RunCounters, SpecError, VectorIndex  # noqa: E402
 from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, ExitCode  # noqa: E402
 
 from embedjob_worker.core.config import JobConfig  # noqa: E402

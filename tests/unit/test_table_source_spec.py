@@ -3,8 +3,7 @@ by the driver's own SQL composer; filter values only ever travel as parameters."
 
 import pytest
 
-from embedjob.api import SpecError, parse_spec
-from embedjob.api import SourceTable, TableFilter
+from embedjob.api import SourceTable, SpecError, TableFilter, parse_spec
 from embedjob_worker.source.table import (
     UnsafeTableSpec, check_table, sorts_equal_ids_together, table_query, table_snapshot,
 )

@@ -18,8 +18,7 @@ import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedjob.api import Model
-from embedjob.api import ModelBackend, ModelPrecision
+from embedjob.api import Model, ModelBackend, ModelPrecision
 from embedjob.db import runs
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".onnx")
