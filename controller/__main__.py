@@ -20,7 +20,8 @@ from . import metrics
 from .kube import EVENT_SOURCE, REQUEST_TIMEOUT, KubeApi
 from .pool_leases import LeaseStore
 from .pool_sweeper import PoolSweeper
-from .reconcile import Context, StatusKeeper
+from .keeper import StatusKeeper
+from .reconcile import Context
 from .refusals import Refusals
 from .release import FINALIZER
 from .run_reader import RunReader

@@ -107,11 +107,13 @@ async def rayjob_changed(labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None
 @kopf.on.resume(*JOBS)
 @kopf.on.create(*JOBS)
 @kopf.on.update(*JOBS, field="spec")
-async def launch(body: kopf.Body, memo: kopf.Memo, rayjobs_by_job: kopf.Index, **_: Any) -> None:
+async def launch(body: kopf.Body, memo: kopf.Memo, rayjobs_by_job: kopf.Index, logger: kopf.Logger,
+                 **_: Any) -> None:
     try:
         await review(plain(body), memo, rayjobs_by_job)
     except reconcile.SpecChanged as exc:
-        raise kopf.TemporaryError(f"{exc}; reviewing the new version", delay=1) from None
+        # Not an error: the edit's own change event brings the new version to this handler.
+        logger.info(f"{exc}; the new version is reviewed at its change")
 
 
 @kopf.on.delete(*JOBS, annotations={RELEASED: kopf.ABSENT})

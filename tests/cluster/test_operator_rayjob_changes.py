@@ -11,7 +11,8 @@ import pytest
 
 from controller.kube import KubeApi
 from controller.metrics import JobStates
-from controller.reconcile import Context, StatusKeeper
+from controller.keeper import StatusKeeper
+from controller.reconcile import Context
 from controller.settings import Settings
 from support.kubectl import apply_job, condition, create_database_secret, get_json, rayjobs, wait_for_condition
 from support.polling import wait_until

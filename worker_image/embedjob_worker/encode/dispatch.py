@@ -31,13 +31,13 @@ from embedjob_worker.core.errors import JobFailed, backoff_seconds, too_many_fai
 from embedjob_worker.encode.inflight import InFlightBatches
 from embedjob_worker.core.logs import log_event
 from embedjob_worker.core.metrics import DriverMetrics
-from embedjob_worker.encode.model import ResolvedModel
+from embedjob_worker.encode.model import ResolvedModel, check_model
 from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.core.records import BadReason, BadRecord, chunk_owners
 from embedjob.contract import HEARTBEAT_S
 from embedjob_worker.core.tally import RunSummary
 from embedjob_worker.core.worker_reports import EmbedResult
-from embedjob_worker.encode.workers import ActorSet, check_model
+from embedjob_worker.encode.workers import ActorSet
 from embedjob_worker.core.outcome import BatchWriter
 
 log = logging.getLogger("embedjob_worker.encode.dispatch")

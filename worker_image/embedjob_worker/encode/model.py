@@ -20,6 +20,8 @@ from pathlib import Path
 
 from embedjob.api import Model, ModelBackend, ModelPrecision
 from embedjob.db import runs
+from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.core.worker_reports import EmbedResult, WorkerInfo
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".onnx")
 # A directory holding a sentence-transformers model has one of these.
@@ -162,3 +164,10 @@ def _runtime_threads(backend: str, threads: int | None) -> dict:
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     return {"session_options": options}
+
+
+def check_model(reported: WorkerInfo | EmbedResult, resolved: ResolvedModel) -> None:
+    """An actor's info() or result must come from the job's model and revision."""
+    if (reported.model, reported.revision) != (resolved.name, resolved.revision):
+        raise JobFailed("ModelMismatch", f"worker {reported.worker} has {reported.model}@"
+                        f"{reported.revision}, the job pins {resolved.name}@{resolved.revision}")

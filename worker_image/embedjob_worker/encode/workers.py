@@ -9,17 +9,10 @@ from embedjob_worker.core.actor_names import POOL_NAMESPACE, pool_actor_name, wo
 from embedjob_worker.encode.actors import EmbeddingWorker
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.core.errors import JobFailed
-from embedjob_worker.core.worker_reports import EmbedResult, WorkerInfo
+from embedjob_worker.core.worker_reports import WorkerInfo
 from embedjob_worker.encode.exported import model_for_actors
 from embedjob_worker.encode.lease import PoolLease
 from embedjob_worker.encode.model import ResolvedModel
-
-
-def check_model(reported: WorkerInfo | EmbedResult, resolved: ResolvedModel) -> None:
-    """An actor's info() or result must come from the job's model and revision."""
-    if (reported.model, reported.revision) != (resolved.name, resolved.revision):
-        raise JobFailed("ModelMismatch", f"worker {reported.worker} has {reported.model}@"
-                        f"{reported.revision}, the job pins {resolved.name}@{resolved.revision}")
 
 
 class ActorSet:

@@ -33,9 +33,9 @@ from embedjob_worker.core.tally import RunSummary, RunTally
 from embedjob_worker.core.worker_reports import WorkerInfo
 from embedjob_worker.encode.dispatch import Dispatcher
 from embedjob_worker.encode.lease import PoolLease
-from embedjob_worker.encode.model import ResolvedModel
+from embedjob_worker.encode.model import ResolvedModel, check_model
 from embedjob_worker.encode.pools import pool_name, shared_cluster
-from embedjob_worker.encode.workers import ActorSet, check_model
+from embedjob_worker.encode.workers import ActorSet
 from embedjob_worker.plan.batching import Batch
 from embedjob_worker.plan.checks import IdRegistry, SortedIds
 from embedjob_worker.plan.feed import FeedPlan, FeedSkips, batches_to_embed

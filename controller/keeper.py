@@ -1,0 +1,149 @@
+"""The only writer of the EmbeddingJobs' status: `StatusKeeper`, one sync at a time per job."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable, Iterable, Mapping
+
+from kubernetes.client.exceptions import ApiException
+
+from . import events, metrics, status
+from .acceptance import ACCEPTED, Verdict
+from .kube import CONFLICT
+from .reconcile import Context, job_ref, observe, own_rayjob
+
+log = logging.getLogger("controller.keeper")
+
+# Conflicts from writes that left the spec alone, retried before the acceptance gives up.
+ACCEPT_ATTEMPTS = 5
+
+
+async def sync_status(job: dict[str, Any], current: dict[str, Any], obs: status.Observation,
+                      ctx: Context) -> tuple[dict[str, Any], list[events.Transition]]:
+    """Write what changed in the status; return the status now stored and the transitions."""
+    desired = status.desired_status(current, obs)
+    if desired is None:
+        return current, []
+    patch = status.status_patch(current, desired)
+    if not patch:
+        return current, []
+    meta = job["metadata"]
+    stored = await ctx.kube.patch_job_status(meta["namespace"], meta["name"], patch)
+    return stored, events.transitions(current, desired)
+
+
+class StatusKeeper:
+    """The only writer of EmbeddingJob status, one sync at a time per job.
+
+    A sync is asked for by a review, by a change of the job's RayJob and, for jobs not
+    yet finished, by a periodic refresh (progress, and recovery from a failed write).
+    The jobs and their RayJobs come from kopf's watch indexes; the status this keeper
+    wrote last is fresher than the watched one, which may not have caught up yet.
+    """
+
+    def __init__(self, ctx: Context, emit: Callable[[dict[str, Any], events.Transition], None] | None = None):
+        """`emit(job, transition)`: announce a transition; by default an Event on the job."""
+        self._ctx, self._emit = ctx, emit or self._post_event
+        self._posting: set[asyncio.Task] = set()
+        self._jobs: Mapping[str, Iterable[dict[str, Any]]] = {}
+        self._rayjobs: Mapping[str, Iterable[dict[str, Any]]] = {}
+        self._verdicts: dict[str, Verdict] = {}
+        self._written: dict[str, dict[str, Any]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._refresher: asyncio.Task | None = None
+
+    def attach(self, jobs: Mapping[str, Iterable[dict[str, Any]]],
+               rayjobs: Mapping[str, Iterable[dict[str, Any]]]) -> None:
+        """The live indexes: job uid -> [job summary], job uid -> [its RayJobs]."""
+        self._jobs, self._rayjobs = jobs, rayjobs
+
+    def note_verdict(self, uid: str, verdict: Verdict) -> None:
+        self._verdicts[uid] = verdict
+
+    def forget(self, uid: str) -> None:
+        for memory in (self._verdicts, self._written, self._locks):
+            memory.pop(uid, None)
+
+    async def sync(self, uid: str) -> None:
+        async with self._locks.setdefault(uid, asyncio.Lock()):
+            job = next(iter(self._jobs.get(uid, ())), None)
+            if job is None:
+                return
+            current = self._written.get(uid, job.get("status") or {})
+            rayjob = own_rayjob(self._rayjobs.get(uid, ()), uid)
+            with metrics.reconcile("status"):
+                obs = await observe(job, current, rayjob, self._verdicts.get(uid), self._ctx)
+                stored, changes = await sync_status(job, current, obs, self._ctx)
+            self._written[uid] = stored
+            for change in changes:
+                self._emit(job, change)
+            if stored.get("state"):
+                self._ctx.job_states.set(uid, stored["state"])
+            if status.is_final(stored) and not status.is_final(current):
+                self._ctx.pool_released(job["spec"])
+
+    async def accept(self, job: dict[str, Any]) -> bool:
+        """Write Accepted=True for the version of the job just reviewed, guarded by its
+        resourceVersion. A conflict caused by a write that left the spec alone (the same
+        generation: a status or metadata write, often the operator's own) is retried on the
+        stored version; False when the spec has changed since, so the reviewed spec is not the
+        stored one."""
+        meta = job["metadata"]
+        async with self._locks.setdefault(meta["uid"], asyncio.Lock()):
+            current = self._written.get(meta["uid"], job.get("status") or {})
+            desired = status.desired_status(current, await observe(job, current, None, ACCEPTED, self._ctx))
+            version = meta["resourceVersion"]
+            for _ in range(ACCEPT_ATTEMPTS):
+                try:
+                    stored = await self._ctx.kube.patch_job_status(
+                        meta["namespace"], meta["name"], status.status_patch(current, desired), version)
+                    break
+                except ApiException as exc:
+                    if exc.status != CONFLICT:
+                        raise
+                fresh = (await self._ctx.kube.get_job(meta["namespace"], meta["name"]) or {}).get("metadata", {})
+                if (fresh.get("uid"), fresh.get("generation")) != (meta["uid"], meta.get("generation")):
+                    return False
+                version = fresh["resourceVersion"]
+            else:
+                return False
+            self._verdicts[meta["uid"]], self._written[meta["uid"]] = ACCEPTED, stored
+            for change in events.transitions(current, desired):
+                self._emit(job, change)
+            return True
+
+    def _post_event(self, job: dict[str, Any], change: events.Transition) -> None:
+        """Post the transition's Event beside the sync, which never waits on it."""
+        task = asyncio.get_running_loop().create_task(self._post(job["metadata"], change))
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+
+    async def _post(self, meta: dict[str, Any], change: events.Transition) -> None:
+        try:
+            await self._ctx.kube.post_job_event(meta["namespace"], meta["name"], meta["uid"], change.reason,
+                                                f"{change.type} is {change.status}: {change.message}",
+                                                warning=change.warning)
+        except Exception as exc:  # an Event is a courtesy: the status holds the same
+            log.warning("Event %s not posted: %s", change.reason, exc, extra=job_ref(meta))
+
+    def unfinished(self) -> list[str]:
+        return [uid for uid, jobs in self._jobs.items()
+                if not any(status.is_final(self._written.get(uid, job.get("status") or {})) for job in jobs)]
+
+    async def _refresh_forever(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            for uid in self.unfinished():
+                try:
+                    await self.sync(uid)
+                except Exception:  # counted by metrics.reconcile; the next round retries
+                    job = next(iter(self._jobs.get(uid, ())), {"metadata": {"uid": uid}})
+                    log.exception("status refresh failed", extra=job_ref(job["metadata"]))
+
+    def start(self) -> None:
+        self._refresher = asyncio.create_task(self._refresh_forever(self._ctx.settings.progress_interval_seconds))
+
+    def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
