@@ -122,6 +122,18 @@ def test_each_image_copies_exactly_the_packages_its_entrypoints_import(dockerfil
     assert unused == set(), f"{dockerfile.relative_to(REPO)} copies packages its entrypoints never import: {unused}"
 
 
+@pytest.mark.parametrize("dockerfile", [WORKER_DOCKERFILE, CONTROLLER_DOCKERFILE], ids=["worker", "controller"])
+def test_no_image_keeps_a_console_script_whose_package_it_leaves_out(dockerfile):
+    """pip writes every [project.scripts] entry; one whose package is not copied would fail at its first run."""
+    instructions = parse_dockerfile(dockerfile)
+    copied = {source.rstrip("/") for source in copy_sources(instructions)}
+    runs = " ".join(ins.arguments for ins in instructions if ins.keyword == "RUN")
+    for script, target in pyproject()["project"]["scripts"].items():
+        package = target.split(":")[0].split(".")[0]
+        if layers.PACKAGE_DIRS[package].relative_to(REPO).as_posix() not in copied:
+            assert f'rm "$(command -v {script})"' in runs, f"{dockerfile.relative_to(REPO)} keeps `{script}` ({target})"
+
+
 def first_party_closure(entrypoints: tuple[str, ...]) -> set[str]:
     """Every first-party module the entrypoints import, directly or through each other (lazy imports too)."""
     imports: dict[str, set[str]] = {}
