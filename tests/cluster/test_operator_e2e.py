@@ -120,28 +120,3 @@ def test_operator_restart_mid_job_creates_no_second_rayjob(e2e, tmp_path):
     assert condition(job, "Accepted")["lastTransitionTime"] == accepted_at
     assert len(rayjobs(kube, namespace)) == 1
     assert [len(runs) for runs in standin.runs.values()] == [1]  # the entrypoint ran once
-
-
-def test_suspend_and_resume_mid_job(e2e, database_url, tmp_path):
-    kube, namespace, operator, runner = e2e
-    uri, ids = sample(tmp_path, 600)
-    standin = runner()
-    apply_job(kube, namespace, "pausing", source={"uri": uri}, model=MODEL, batching={"batchSize": 8})
-    wait_until("some progress", lambda: get_json(kube, "ej", "pausing", "-n", namespace)
-               .get("status", {}).get("progress", {}).get("batchesSucceeded", 0) > 0, timeout=180)
-
-    kube.kubectl("patch", "ej", "pausing", "-n", namespace, "--type=merge", "-p", '{"spec": {"suspend": true}}')
-    job = wait_for_condition(kube, namespace, "pausing", "Suspended", timeout=60)
-    assert job["status"]["state"] == "Suspended" and condition(job, "Running")["status"] == "False"
-    assert job["status"]["observedGeneration"] == job["metadata"]["generation"]
-    written_before = len(vectors(database_url))
-    assert 0 < written_before < len(ids)
-
-    kube.kubectl("patch", "ej", "pausing", "-n", namespace, "--type=merge", "-p", '{"spec": {"suspend": false}}')
-    job = wait_until("the job to finish", lambda: finished(kube, namespace, "pausing"), timeout=300)
-    assert job["status"]["state"] == "Complete", job["status"]
-    assert condition(job, "Suspended")["status"] == "False"
-    assert sorted(r[0] for r in vectors(database_url)) == sorted(ids)  # resumed, nothing written twice
-    assert [len(runs) for runs in standin.runs.values()] == [2]
-    reasons = [e["reason"] for e in events_for(kube, namespace, "pausing")]
-    assert {"Suspending", "Suspended"} & set(reasons) and reasons.count("JobRunning") >= 2

@@ -32,16 +32,24 @@ from support.sql import vectors
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 RECORDS = 60
+# A suspension stops the driver within seconds (464 of 2,000 written when measured): fewer records
+# than long_input's 2,000 still leave work for the resumed run. The worker and head tests keep 2,000:
+# a deleted pod runs on through its 30 s grace period, and the job must outlast it.
+SUSPENDED_RECORDS = 1200
 
 
-def test_job_runs_to_complete_through_kuberay_pods(real_path, real_node, kuberay_operator, pod_database_url,
-                                                   pod_visible_dir):
+def test_job_runs_to_complete_through_kuberay_pods_and_embedjob_logs_reads_its_kept_cluster(
+        real_path, real_node, kuberay_operator, pod_database_url, pod_visible_dir):
+    """A job through KubeRay's pods to Complete; then `embedjob logs`: the finished job's RayCluster is
+    kept (ttlSecondsAfterFinished unset: 10 minutes) and the driver's log comes from the head's
+    dashboard through the API server's service proxy, with KubeRay's token; once the cluster is gone,
+    the command says so and where to look (the test node serves no pod logs, so the submitter
+    fallback ends in that message here). ttlSecondsAfterFinished 0 is test_real_path_pod_settings'."""
     kube, namespace, operator = real_path
     uri, ids = sample(pod_visible_dir, RECORDS)
     started = time.monotonic()
     with PodWatcher(kube, namespace) as watcher:
-        apply_job(kube, namespace, "pep", source={"uri": uri}, model=MODEL, batching={"batchSize": 16},
-                  ttlSecondsAfterFinished=0)  # the cluster goes at once (unset keeps it 10 minutes)
+        apply_job(kube, namespace, "pep", source={"uri": uri}, model=MODEL, batching={"batchSize": 16})
         job = wait_complete(kube, namespace, "pep", lambda: diagnostics(kube, namespace, real_node,
                                                                             kuberay_operator, operator, watcher))
         # the pods KubeRay made, run by the test node: head and worker Running, the submitter Succeeded
@@ -65,7 +73,7 @@ def test_job_runs_to_complete_through_kuberay_pods(real_path, real_node, kuberay
     assert "Running" in watcher.phases[heads[0]] and "Running" in watcher.phases[workers[0]], watcher.summary()
     assert watcher.phases[submitters[0]][-1] == "Succeeded", watcher.summary()
     # token auth as the operator configured it: every Ray container and the submitter get KubeRay's
-    # generated token from the cluster's Secret (collected with the cluster once it is shut down)
+    # generated token from the cluster's Secret
     [rayjob] = rayjobs(kube, namespace)
     assert rayjob["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
     cluster = status["rayClusterName"]
@@ -77,15 +85,32 @@ def test_job_runs_to_complete_through_kuberay_pods(real_path, real_node, kuberay
     assert pod_database_url not in json.dumps(rayjob)
     reasons = [e["reason"] for e in events_for(kube, namespace, "pep")]
     assert {"RayJobCreated", "JobRunning", "Succeeded"} <= set(reasons), reasons
-    assert rayjob["spec"]["ttlSecondsAfterFinished"] == 0
-    wait_until("the RayCluster removed (shutdownAfterJobFinishes, ttlSecondsAfterFinished 0)", lambda: kube.kubectl(
-        "get", "raycluster", cluster, "-n", namespace, check=False).returncode != 0, timeout=120)
+
+    # `embedjob logs` from the kept cluster
+    assert rayjob["spec"]["ttlSecondsAfterFinished"] == api.DEFAULT_TTL_SECONDS_AFTER_FINISHED
+    env = {"KUBECONFIG": str(kube.kubeconfig)}
+    logs = run_cli([*EMBEDJOB, "logs", "pep", "-n", namespace], env=env, timeout=120)
+    assert logs.returncode == 0, logs.stderr
+    events = [line for line in logs.stdout.splitlines() if "event=" in line]
+    assert any("event=driver_starting" in line for line in events), logs.stdout[-3000:]
+    assert any("event=run_finished" in line for line in events), logs.stdout[-3000:]
+    # the same lines the submitter's `ray job logs --follow` printed
+    submitter_log = real_node.container_log(namespace, submitters[0], "ray-job-submitter")
+    assert all(line in submitter_log for line in events), (events, submitter_log[-3000:])
+    assert kube.kubectl("get", "raycluster", cluster, "-n", namespace, check=False).returncode == 0  # still kept
+
+    kube.kubectl("delete", "raycluster", cluster, "-n", namespace, "--timeout=120s", timeout=150)
+    gone = run_cli([*EMBEDJOB, "logs", "pep", "-n", namespace], env=env, timeout=120)
+    print(f"\nembedjob logs once the cluster is gone:\n{gone.stderr}")
+    assert gone.returncode == 1 and "Traceback" not in gone.stderr, gone.stderr
+    assert f"the RayCluster {cluster} is already gone" in gone.stderr
+    assert f"kubectl logs job/{rayjob['metadata']['name']} -n {namespace}" in gone.stderr
 
 
 def test_suspend_mid_job_deletes_the_pods_and_resume_finishes_on_new_ones(
         real_path, real_node, kuberay_operator, pod_database_url, pod_visible_dir):
     kube, namespace, operator = real_path
-    uri, ids = long_input(pod_visible_dir)
+    uri, ids = long_input(pod_visible_dir, SUSPENDED_RECORDS)
     with PodWatcher(kube, namespace) as watcher:
         start_long_job(kube, namespace, "pausing", uri)
         first_heads = set(watcher.of_kind("head"))
@@ -94,6 +119,7 @@ def test_suspend_mid_job_deletes_the_pods_and_resume_finishes_on_new_ones(
         kube.kubectl("patch", "ej", "pausing", "-n", namespace, "--type=merge", "-p", '{"spec": {"suspend": true}}')
         job = wait_for_condition(kube, namespace, "pausing", "Suspended", timeout=300)
         assert job["status"]["state"] == "Suspended" and condition(job, "Running")["status"] == "False"
+        assert job["status"]["observedGeneration"] == job["metadata"]["generation"]
         # KubeRay deleted the cluster; the garbage collector and the node removed its pods
         wait_until("the cluster's pods deleted", lambda: not ray_pods(kube, namespace), timeout=300)
         written_before = len(vectors(pod_database_url))
@@ -209,39 +235,3 @@ def test_head_pod_deleted_mid_job_resumes_without_recomputing_finished_batches(
     assert len(rows) == len(ids) and sorted(r[0] for r in rows) == sorted(ids)
     succeeded = succeeded_batch_counts(pod_database_url)
     assert succeeded and set(succeeded.values()) == {1}  # no finished batch computed twice
-
-
-def test_embedjob_logs_prints_the_drivers_log_from_the_kept_cluster_and_says_when_it_is_gone(
-        real_path, real_node, kuberay_operator, pod_visible_dir):
-    """`embedjob logs`: after the job finished, its RayCluster is still there (ttlSecondsAfterFinished
-    unset: 10 minutes) and the driver's log comes from the head's dashboard through the API server's
-    service proxy, with KubeRay's token; once the cluster is gone, the command says so and where to
-    look (the test node serves no pod logs, so the submitter fallback ends in that message here)."""
-    kube, namespace, operator = real_path
-    uri, _ = sample(pod_visible_dir, RECORDS)
-    with PodWatcher(kube, namespace) as watcher:
-        apply_job(kube, namespace, "logged", source={"uri": uri}, model=MODEL, batching={"batchSize": 16})
-        job = wait_complete(kube, namespace, "logged", lambda: diagnostics(kube, namespace, real_node,
-                                                                              kuberay_operator, operator, watcher))
-    [rayjob] = rayjobs(kube, namespace)
-    assert rayjob["spec"]["ttlSecondsAfterFinished"] == api.DEFAULT_TTL_SECONDS_AFTER_FINISHED
-    cluster = job["status"]["rayClusterName"]
-    env = {"KUBECONFIG": str(kube.kubeconfig)}
-
-    logs = run_cli([*EMBEDJOB, "logs", "logged", "-n", namespace], env=env, timeout=120)
-    assert logs.returncode == 0, logs.stderr
-    events = [line for line in logs.stdout.splitlines() if "event=" in line]
-    assert any("event=driver_starting" in line for line in events), logs.stdout[-3000:]
-    assert any("event=run_finished" in line for line in events), logs.stdout[-3000:]
-    # the same lines the submitter's `ray job logs --follow` printed
-    [submitter] = watcher.submitters()
-    submitter_log = real_node.container_log(namespace, submitter, "ray-job-submitter")
-    assert all(line in submitter_log for line in events), (events, submitter_log[-3000:])
-    assert kube.kubectl("get", "raycluster", cluster, "-n", namespace, check=False).returncode == 0  # still kept
-
-    kube.kubectl("delete", "raycluster", cluster, "-n", namespace, "--timeout=120s", timeout=150)
-    gone = run_cli([*EMBEDJOB, "logs", "logged", "-n", namespace], env=env, timeout=120)
-    print(f"\nembedjob logs once the cluster is gone:\n{gone.stderr}")
-    assert gone.returncode == 1 and "Traceback" not in gone.stderr, gone.stderr
-    assert f"the RayCluster {cluster} is already gone" in gone.stderr
-    assert f"kubectl logs job/{rayjob['metadata']['name']} -n {namespace}" in gone.stderr

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from envtest.realnode import NODE_NAME
-from support.kubectl import apply_job
+from support.kubectl import apply_job, rayjobs
+from support.polling import wait_until
 from support.real_path import MODEL, PodWatcher, diagnostics, wait_complete
 from support.real_path import pod_visible_dir, real_path  # noqa: F401 - fixtures
 from support.paths import REPO
@@ -55,6 +56,12 @@ def test_the_pods_run_with_the_pod_settings_and_the_driver_reads_a_mounted_input
 
     assert job["status"]["state"] == "Complete", job["status"]
     assert sorted(r[0] for r in vectors(pod_database_url)) == sorted(ids)
+    # ttlSecondsAfterFinished 0 as the RayJob carries it: KubeRay removes the cluster at once
+    [rayjob] = rayjobs(kube, namespace)
+    assert rayjob["spec"]["ttlSecondsAfterFinished"] == 0 and rayjob["spec"]["shutdownAfterJobFinishes"] is True
+    cluster = job["status"]["rayClusterName"]
+    wait_until("the RayCluster removed (shutdownAfterJobFinishes, ttlSecondsAfterFinished 0)", lambda: kube.kubectl(
+        "get", "raycluster", cluster, "-n", namespace, check=False).returncode != 0, timeout=120)
     heads, workers_, submitters = watcher.of_kind("head"), watcher.of_kind("worker"), watcher.submitters()
     assert len(heads) == 1 and len(workers_) == 1 and len(submitters) == 1, watcher.summary()
     for name in [*heads, *workers_, *submitters]:  # the submitter gets the head's placement and identity

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,8 @@ class PodWatcher(BackgroundPoller):
         self.phases: dict[str, list[str]] = {}
         self.labels: dict[str, dict] = {}
         self.pods: dict[str, dict] = {}  #: the last state seen of each pod
+        self._started = time.monotonic()
+        self._seen_at: dict[str, list[float]] = {}  #: seconds after the start at which each phase was first seen
 
     def poll(self) -> None:
         res = self.kube.kubectl("get", "pods", "-n", self.namespace, "-o", "json", check=False)
@@ -76,6 +79,7 @@ class PodWatcher(BackgroundPoller):
                 seen = self.phases.setdefault(name, [])
                 if not seen or seen[-1] != phase:
                     seen.append(phase)
+                    self._seen_at.setdefault(name, []).append(time.monotonic() - self._started)
         res = self.kube.kubectl("get", "ej", "-n", self.namespace, "-o", "json", check=False)
         if res.returncode == 0:
             for job in json.loads(res.stdout)["items"]:
@@ -84,6 +88,8 @@ class PodWatcher(BackgroundPoller):
                 seen_states = self.job_states.setdefault(job["metadata"]["name"], [])
                 if not seen_states or seen_states[-1] != state:
                     seen_states.append(state)
+                    self._seen_at.setdefault(f"job {job['metadata']['name']}", []).append(
+                        time.monotonic() - self._started)
 
     def of_kind(self, node_type: str) -> list[str]:
         return [n for n, lab in self.labels.items() if lab.get("ray.io/node-type") == node_type]
@@ -92,7 +98,12 @@ class PodWatcher(BackgroundPoller):
         return [n for n, lab in self.labels.items() if "job-name" in lab or "batch.kubernetes.io/job-name" in lab]
 
     def summary(self) -> str:
-        return "\n".join(f"{name}: {' -> '.join(p)}" for name, p in sorted(self.phases.items()))
+        """Each pod's phases and each job's (state, reason) changes, with the second each was first seen."""
+        lines = {name: [f"{p}@{t:.0f}s" for p, t in zip(phases, self._seen_at[name])]
+                 for name, phases in self.phases.items()}
+        lines.update({f"job {name}": [f"{'/'.join(s)}@{t:.0f}s" for s, t in zip(states, self._seen_at[f"job {name}"])]
+                      for name, states in self.job_states.items()})
+        return "\n".join(f"{name}: {' -> '.join(seen)}" for name, seen in sorted(lines.items()))
 
 
 def wait_complete(kube, namespace: str, name: str, explain) -> dict:
