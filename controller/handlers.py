@@ -55,13 +55,17 @@ async def jobs_by_uid(body: kopf.Body, **_: Any) -> dict[str, Any]:
 
 @kopf.index(*RAYJOBS, labels=OUR_RAYJOBS)
 async def rayjobs_by_job(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict[str, Any] | None:
-    """RayJobs by the uid of their EmbeddingJob: only what the operator reads of them."""
+    """RayJobs by (namespace, uid of their EmbeddingJob), only what the operator reads of them. The
+    label is anyone's to write: a RayJob is looked up in its job's own namespace only, and counts
+    only with a controller reference to the job (`rayjob.owned_by`)."""
     uid = labels.get(LABEL_JOB_UID)
     if not uid:
         return None
+    meta = body.metadata
     return {
-        uid: {
-            "metadata": {"name": body.metadata.name, "ownerReferences": body.metadata.get("ownerReferences", []),
+        (meta.namespace, uid): {
+            "metadata": {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid,
+                         "ownerReferences": meta.get("ownerReferences", []),
                          "labels": queueing.kueue_labels_of(labels)},
             "spec": {"suspend": body.spec.get("suspend", False)},
             "status": copy.deepcopy(dict(body.status)),
@@ -74,7 +78,8 @@ async def review(job: dict[str, Any], memo: kopf.Memo, rayjobs_by_job: Mapping[s
     ctx: reconcile.Context = memo.context
     uid = job["metadata"]["uid"]
     with metrics.reconcile("launch"):
-        verdict = await reconcile.launch(job, rayjobs_by_job.get(uid, []), ctx, memo.keeper.accept)
+        verdict = await reconcile.launch(job, rayjobs_by_job.get((job["metadata"]["namespace"], uid), []), ctx,
+                                         memo.keeper.accept, lambda rayjob: memo.keeper.sync(uid, created=rayjob))
     memo.keeper.note_verdict(uid, verdict)
     memo.refusals.note(job, verdict)
     if not verdict.accepted:

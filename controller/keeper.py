@@ -47,15 +47,15 @@ class StatusKeeper:
         self._ctx, self._emit = ctx, emit or self._post_event
         self._posting: set[asyncio.Task] = set()
         self._jobs: Mapping[str, Iterable[dict[str, Any]]] = {}
-        self._rayjobs: Mapping[str, Iterable[dict[str, Any]]] = {}
+        self._rayjobs: Mapping[tuple[str, str], Iterable[dict[str, Any]]] = {}
         self._verdicts: dict[str, Verdict] = {}
         self._written: dict[str, dict[str, Any]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._refresher: asyncio.Task | None = None
 
     def attach(self, jobs: Mapping[str, Iterable[dict[str, Any]]],
-               rayjobs: Mapping[str, Iterable[dict[str, Any]]]) -> None:
-        """The live indexes: job uid -> [job summary], job uid -> [its RayJobs]."""
+               rayjobs: Mapping[tuple[str, str], Iterable[dict[str, Any]]]) -> None:
+        """The live indexes: job uid -> [job summary], (namespace, job uid) -> [RayJobs labelled so]."""
         self._jobs, self._rayjobs = jobs, rayjobs
 
     def note_verdict(self, uid: str, verdict: Verdict) -> None:
@@ -65,13 +65,17 @@ class StatusKeeper:
         for memory in (self._verdicts, self._written, self._locks):
             memory.pop(uid, None)
 
-    async def sync(self, uid: str) -> None:
+    async def sync(self, uid: str, created: dict[str, Any] | None = None) -> None:
+        """Write what changed in the job's status. `created`: the RayJob the job's review just created,
+        which the watch may not hold yet; its name is in the status from then on, so a RayJob deleted
+        before the watch saw it is still known to have existed."""
         async with self._locks.setdefault(uid, asyncio.Lock()):
             job = next(iter(self._jobs.get(uid, ())), None)
             if job is None:
                 return
             current = self._written.get(uid, job.get("status") or {})
-            rayjob = own_rayjob(self._rayjobs.get(uid, ()), uid)
+            watched = self._rayjobs.get((job["metadata"]["namespace"], uid), ())
+            rayjob = own_rayjob([*watched, *([created] if created else [])], job["metadata"])
             with metrics.reconcile("status"):
                 obs = await observe(job, current, rayjob, self._verdicts.get(uid), self._ctx)
                 stored, changes = await sync_status(job, current, obs, self._ctx)

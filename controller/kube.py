@@ -76,10 +76,13 @@ class KubeApi:
                 raise
         return await self._get_custom(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name)
 
-    async def set_rayjob_suspend(self, namespace: str, name: str, suspend: bool) -> None:
+    async def set_rayjob_suspend(self, namespace: str, name: str, uid: str, suspend: bool) -> None:
+        """Set the RayJob's spec.suspend, if it is still the object `uid` (metadata.uid is immutable:
+        the API server refuses the patch for another object of that name)."""
         await self._call(
             self._custom.patch_namespaced_custom_object,
-            RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, {"spec": {"suspend": suspend}},
+            RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name,
+            {"metadata": {"uid": uid}, "spec": {"suspend": suspend}},
         )
 
     async def _get_custom(self, group: str, version: str, namespace: str, plural: str,
@@ -92,21 +95,21 @@ class KubeApi:
                 return None
             raise
 
-    async def rayjob_exists(self, namespace: str, name: str) -> bool:
-        return await self._get_custom(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name) is not None
+    async def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get_custom(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name)
 
-    async def delete_rayjob(self, namespace: str, name: str) -> bool:
-        """Ask for the RayJob's deletion; True once it is gone."""
+    async def delete_rayjob(self, namespace: str, name: str, uid: str) -> None:
+        """Ask for the deletion of the RayJob, only if it is the object `uid` (a precondition); one
+        already gone, or replaced by another of that name, is left as it is."""
         try:
             await self._call(
                 self._custom.delete_namespaced_custom_object,
                 RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, propagation_policy="Background",
+                body={"preconditions": {"uid": uid}},
             )
         except ApiException as exc:
-            if exc.status == NOT_FOUND:
-                return True
-            raise
-        return not await self.rayjob_exists(namespace, name)
+            if exc.status not in (NOT_FOUND, CONFLICT):
+                raise
 
     async def get_raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._get_custom(RAY_GROUP, RAY_VERSION, namespace, RAYCLUSTERS, name)

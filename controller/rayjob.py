@@ -204,7 +204,11 @@ def build_rayjob(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Sett
     }
 
 
-def owned_by(rayjob: dict[str, Any], job_uid: str) -> bool:
-    """Whether `rayjob` is the one this EmbeddingJob (uid) created."""
-    refs = rayjob.get("metadata", {}).get("ownerReferences") or []
-    return any(ref.get("uid") == job_uid and ref.get("controller") for ref in refs)
+def owned_by(rayjob: dict[str, Any], job_meta: dict[str, Any]) -> bool:
+    """Whether `rayjob` is the one the EmbeddingJob (its metadata) created: in the job's namespace,
+    with a controller ownerReference to the job's uid. Labels, names and references are anyone's to
+    write, so a RayJob of another namespace never is, whatever it carries."""
+    meta = rayjob.get("metadata", {})
+    return meta.get("namespace") == job_meta["namespace"] and any(
+        ref.get("uid") == job_meta["uid"] and ref.get("kind") == api.KIND and ref.get("controller")
+        for ref in meta.get("ownerReferences") or [])

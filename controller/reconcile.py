@@ -59,22 +59,24 @@ class SpecChanged(Exception):
     """The job changed between its review and its acceptance: review the new version."""
 
 
-def own_rayjob(candidates: Iterable[dict[str, Any]], job_uid: str) -> dict[str, Any] | None:
-    return next((rj for rj in candidates if owned_by(rj, job_uid)), None)
+def own_rayjob(candidates: Iterable[dict[str, Any]], job_meta: dict[str, Any]) -> dict[str, Any] | None:
+    return next((rj for rj in candidates if owned_by(rj, job_meta)), None)
 
 
 async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], ctx: Context,
-                 accept: Callable[[dict[str, Any]], Awaitable[bool]]) -> Verdict:
+                 accept: Callable[[dict[str, Any]], Awaitable[bool]],
+                 created: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> Verdict:
     """Review the job and make sure its one RayJob exists, suspended as the spec says.
 
     The job is marked accepted (`accept`, guarded by the reviewed resourceVersion) before
     the RayJob is created: from then on the API server refuses spec edits, so the RayJob
     always runs the spec that `observedGeneration` names. An edit that came first raises
-    SpecChanged, and the new version is reviewed instead."""
+    SpecChanged, and the new version is reviewed instead. `created(rayjob)` is told of the
+    RayJob as soon as it exists (the status records its name)."""
     meta, spec = job["metadata"], job["spec"]
     if status.is_final(job.get("status") or {}):
         return ACCEPTED
-    rayjob = own_rayjob(known_rayjobs, meta["uid"])
+    rayjob = own_rayjob(known_rayjobs, meta)
     if rayjob is None and (job.get("status") or {}).get("rayJobName"):
         return ACCEPTED  # it had one, deleted since: the status says so (RayJobDeleted); never a second run
     if rayjob is None:
@@ -90,13 +92,16 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
         if not status.accepted(job.get("status") or {}) and not await accept(job):
             raise SpecChanged(f"generation {meta.get('generation')} was edited during its review")
         rayjob = await ctx.kube.create_or_get_rayjob(build_rayjob(job, parsed, ctx.settings))
-        if not owned_by(rayjob, meta["uid"]):
+        if not owned_by(rayjob, meta):
             return Verdict(False, "RayJobConflict",
                            f"RayJob {rayjob['metadata']['name']!r} exists and is not owned by this job")
-    suspend = bool(spec.get("suspend"))
-    # Kueue owns a queued RayJob's suspend (it unsuspends an admitted one).
-    if queueing.queue_of(rayjob) is None and bool((rayjob.get("spec") or {}).get("suspend")) != suspend:
-        await ctx.kube.set_rayjob_suspend(meta["namespace"], rayjob["metadata"]["name"], suspend)
+        if created is not None:
+            await created(rayjob)
+    # Kueue owns a queued RayJob's suspend (it unsuspends an admitted one). The desired value is sent
+    # whatever the watched copy says, which may be stale (a patch that changes nothing writes nothing).
+    if queueing.queue_of(rayjob) is None:
+        await ctx.kube.set_rayjob_suspend(meta["namespace"], rayjob["metadata"]["name"], rayjob["metadata"]["uid"],
+                                          bool(spec.get("suspend")))
     return ACCEPTED
 
 
@@ -107,11 +112,13 @@ def _now() -> str:
 async def rayjob_deleted(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str, Any] | None,
                          ctx: Context) -> bool:
     """The unfinished job's RayJob existed (its name is in the status), is not in the watch
-    index, and the API server confirms it is gone (the index alone may lag behind)."""
+    index, and the API server confirms it is gone (the index alone may lag behind); a RayJob of
+    that name that the job does not own is not its RayJob."""
     name = current.get("rayJobName")
     if rayjob is not None or not name or status.is_final(current):
         return False
-    return not await ctx.kube.rayjob_exists(job["metadata"]["namespace"], name)
+    stored = await ctx.kube.get_rayjob(job["metadata"]["namespace"], name)
+    return stored is None or not owned_by(stored, job["metadata"])
 
 
 async def observe_waiting(job: dict[str, Any], rayjob: dict[str, Any] | None,
@@ -165,14 +172,19 @@ CLEANUP_POLL_SECONDS = 1.0
 
 async def cleanup(job: dict[str, Any], ctx: Context) -> bool:
     """Delete the job's RayJob (no garbage collector is relied on) and wait until it is
-    gone; False when it is still there after EMBEDJOB_CLEANUP_TIMEOUT_SECONDS."""
+    gone; False when it is still there after EMBEDJOB_CLEANUP_TIMEOUT_SECONDS. A RayJob of
+    that name that the job does not own is never touched: the delete carries the owned one's uid."""
     meta = job["metadata"]
     ctx.job_states.forget(meta["uid"])
     ctx.pool_released(job["spec"])
+    namespace = meta["namespace"]
     name = (job.get("status") or {}).get("rayJobName") or rayjob_name(meta["name"], meta["uid"])
     deadline = time.monotonic() + ctx.settings.cleanup_timeout_seconds
-    while not await ctx.kube.delete_rayjob(meta["namespace"], name):
+    while (rayjob := await ctx.kube.get_rayjob(namespace, name)) is not None and owned_by(rayjob, meta):
         if time.monotonic() >= deadline:
             return False
-        await asyncio.sleep(CLEANUP_POLL_SECONDS)
+        if rayjob["metadata"].get("deletionTimestamp"):
+            await asyncio.sleep(CLEANUP_POLL_SECONDS)
+        else:
+            await ctx.kube.delete_rayjob(namespace, name, rayjob["metadata"]["uid"])
     return True

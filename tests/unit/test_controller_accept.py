@@ -8,6 +8,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controller import keeper as keeper_module
 from controller.keeper import StatusKeeper
+from controller import reconcile
 from controller.reconcile import Context
 from controller.metrics import JobStates
 from controller.settings import Settings
@@ -32,11 +33,20 @@ class StandInKube:
         if self.writes_between > 0:
             self.writes_between -= 1
             self._someone_writes()
-        if resource_version != str(self.version):
+        if resource_version is not None and resource_version != str(self.version):
             raise ApiException(status=409, reason="Conflict")
         self.version += 1
         self.patches.append((patch, resource_version))
         return patch
+
+    async def read_secret(self, namespace, name):
+        return {"data": {"url": "eA=="}}
+
+    async def create_or_get_rayjob(self, manifest):
+        return {**manifest, "metadata": {**manifest["metadata"], "uid": "rj-1"}}
+
+    async def set_rayjob_suspend(self, namespace, name, uid, suspend):
+        pass
 
     async def get_job(self, namespace, name):
         return {"metadata": {"name": name, "namespace": namespace, "uid": "u-1", "generation": self.generation,
@@ -76,3 +86,21 @@ def test_writes_that_never_stop_give_up_after_the_bounded_attempts():
     kube = StandInKube(writes_between=keeper_module.ACCEPT_ATTEMPTS)
     assert accept(kube) == (False, [])
     assert kube.patches == []
+
+
+
+def test_the_created_rayjobs_name_is_in_the_status_before_the_watch_has_seen_it():
+    """Issue 26 item 6: the review that creates the RayJob records its name at once, so a RayJob deleted
+    before the watch saw it is known to have existed: the job ends RayJobDeleted, never stays Pending,
+    and a restarted operator makes no second one."""
+    kube = StandInKube()
+    ctx = Context(settings=Settings.from_env({}), kube=kube, runs=None, job_states=JobStates())
+    keeper = StatusKeeper(ctx, emit=lambda job, change: None)
+    keeper.attach({"u-1": [{**job(), "spec": {"suspend": False}}]}, {})  # no RayJob in the watch yet
+
+    verdict = asyncio.run(reconcile.launch(job(), [], ctx, keeper.accept,
+                                           lambda rayjob: keeper.sync("u-1", created=rayjob)))
+    assert verdict.accepted
+    [(accepted, _), (named, _)] = kube.patches
+    assert "rayJobName" not in accepted  # the acceptance comes before the RayJob exists
+    assert named["rayJobName"] == reconcile.rayjob_name("pep", "u-1")

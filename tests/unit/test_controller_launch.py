@@ -22,7 +22,10 @@ class StandInKube:
 
     async def create_or_get_rayjob(self, manifest):
         self.created.append(manifest)
-        return manifest
+        return {**manifest, "metadata": {**manifest["metadata"], "uid": "rj-1"}}
+
+    async def set_rayjob_suspend(self, namespace, name, uid, suspend):
+        pass
 
 
 def job(status=None) -> dict:
@@ -66,3 +69,77 @@ def test_an_already_accepted_job_is_not_accepted_again():
 
     assert asyncio.run(reconcile.launch(job(accepted), [], context(kube), must_not_run)).accepted
     assert len(kube.created) == 1
+
+
+class OwningKube(StandInKube):
+    """Stores RayJobs by name as the API server would (uids given at creation); deletes honour a uid
+    precondition."""
+
+    def __init__(self, stored: dict | None = None):
+        super().__init__()
+        self.stored, self.suspends, self.deletes = dict(stored or {}), [], []
+
+    async def create_or_get_rayjob(self, manifest):
+        name = manifest["metadata"]["name"]
+        if name not in self.stored:
+            self.created.append(manifest)
+            self.stored[name] = {**manifest, "metadata": {**manifest["metadata"], "uid": f"rj-{len(self.created)}"}}
+        return self.stored[name]
+
+    async def set_rayjob_suspend(self, namespace, name, uid, suspend):
+        self.suspends.append((namespace, name, uid, suspend))
+
+    async def get_rayjob(self, namespace, name):
+        rayjob = self.stored.get(name)
+        return rayjob if rayjob and rayjob["metadata"]["namespace"] == namespace else None
+
+    async def delete_rayjob(self, namespace, name, uid):
+        self.deletes.append((namespace, name, uid))
+        if name in self.stored and self.stored[name]["metadata"]["uid"] == uid:
+            del self.stored[name]
+
+
+def test_the_suspend_the_spec_asks_for_is_sent_whatever_the_watched_copy_says():
+    """The watch index's copy may be stale (a quick suspend then resume): the desired value goes out
+    each time, to the RayJob the job owns (by its uid)."""
+    kube, accepted = OwningKube(), {"conditions": [{"type": "Accepted", "status": "True"}]}
+
+    async def accept(body):
+        return True
+
+    asyncio.run(reconcile.launch(job(), [], context(kube), accept))
+    [rayjob] = kube.stored.values()
+    stale = {**rayjob, "spec": {**rayjob["spec"], "suspend": False}}
+    asyncio.run(reconcile.launch(job(accepted), [stale], context(kube), accept))
+    assert [s[2:] for s in kube.suspends] == [("rj-1", False), ("rj-1", False)]
+    assert len(kube.created) == 1
+
+
+def test_a_foreign_rayjob_naming_the_job_is_ignored_and_its_own_is_created():
+    """A RayJob in another namespace with the job's uid in its label and ownerReference: not the job's."""
+    kube = OwningKube()
+
+    async def accept(body):
+        return True
+
+    foreign = {"metadata": {"name": "ej-pep-x", "namespace": "team-a", "uid": "f-1", "labels": {},
+                            "ownerReferences": [{"kind": "EmbeddingJob", "uid": "u-1", "controller": True}]},
+               "spec": {"suspend": False}, "status": {"jobDeploymentStatus": "Complete"}}
+    assert asyncio.run(reconcile.launch(job(), [foreign], context(kube), accept)).accepted
+    assert len(kube.created) == 1 and kube.created[0]["metadata"]["namespace"] == "ns"
+    assert {s[1] for s in kube.suspends} == {kube.created[0]["metadata"]["name"]}
+
+
+def test_cleanup_deletes_only_the_rayjob_the_job_owns_and_by_its_uid():
+    meta = job()["metadata"]
+    name = reconcile.rayjob_name(meta["name"], meta["uid"])
+    other = {"metadata": {"name": name, "namespace": "ns", "uid": "someone-else", "ownerReferences": []}}
+    kube = OwningKube({name: other})
+    assert asyncio.run(reconcile.cleanup(job(), context(kube)))
+    assert kube.deletes == [] and kube.stored == {name: other}  # not the job's: left alone
+
+    owned = {"metadata": {"name": name, "namespace": "ns", "uid": "rj-9", "ownerReferences": [
+        {"kind": "EmbeddingJob", "uid": meta["uid"], "controller": True}]}}
+    kube = OwningKube({name: owned})
+    assert asyncio.run(reconcile.cleanup(job(), context(kube)))
+    assert kube.deletes == [("ns", name, "rj-9")] and kube.stored == {}

@@ -60,7 +60,21 @@ def test_manifest_ties_back_to_the_job():
         "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "name": "pep",
         "uid": job()["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True,
     }]
-    assert owned_by(manifest, job()["metadata"]["uid"]) and not owned_by(manifest, "other")
+    meta = job()["metadata"]
+    assert owned_by(manifest, meta)
+    assert not owned_by(manifest, {**meta, "uid": "other"})
+
+
+def test_a_rayjob_of_another_namespace_or_without_a_controller_reference_to_the_job_is_not_its_own():
+    """Labels, names and ownerReferences are anyone's to write: a RayJob in another namespace that names
+    the job's uid is never the job's (the garbage collector ignores such a reference too)."""
+    manifest = rayjob_of(job())
+    meta = job()["metadata"]
+    foreign = {**manifest, "metadata": {**manifest["metadata"], "namespace": "team-b"}}
+    assert not owned_by(foreign, meta)
+    reference = manifest["metadata"]["ownerReferences"][0]
+    for forged in ({**reference, "controller": False}, {**reference, "kind": "ConfigMap"}):
+        assert not owned_by({**manifest, "metadata": {**manifest["metadata"], "ownerReferences": [forged]}}, meta)
 
 
 def test_entrypoint_runs_the_driver_with_the_job_config_and_no_credentials():

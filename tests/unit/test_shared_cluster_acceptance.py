@@ -123,7 +123,10 @@ class Kube:
 
     async def create_or_get_rayjob(self, manifest):
         self.created.append(manifest)
-        return manifest
+        return {**manifest, "metadata": {**manifest["metadata"], "uid": "rj-1"}}
+
+    async def set_rayjob_suspend(self, namespace, name, uid, suspend):
+        pass
 
 
 def launch(kube) -> acceptance.Verdict:
