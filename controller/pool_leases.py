@@ -2,6 +2,8 @@
 
 The operator removes a pool while it holds the pool's advisory lock, the lock a driver
 takes to lease it, so no driver can lease the pool between the check and the removal.
+Every call is bounded (`controller.database`): a silent database or a lock held for long
+fails this sweep's call, and the next sweep tries again.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from embedjob import db
-from embedjob.db import engine_url
 
+from .database import bounded_engine
 from .pool_policy import Lease
 
 
@@ -27,7 +29,7 @@ class LeaseStore:
     """The operator's reads of `embedjob_pool_leases`, the pool lock, and the removal marks."""
 
     def __init__(self, url: str):
-        self._engine = sa.create_engine(engine_url(url), pool_size=1, max_overflow=2, pool_pre_ping=True)
+        self._engine = bounded_engine(url, pool_size=1, read_only=False)
 
     def close(self) -> None:
         self._engine.dispose()

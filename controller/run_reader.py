@@ -15,8 +15,8 @@ from pydantic import ConfigDict
 from embedjob.api import RunCounters
 from embedjob.db import engine_url, runs
 
-CONNECT_TIMEOUT_SECONDS = 5
-STATEMENT_TIMEOUT_MS = 5000
+from .database import bounded_engine
+
 UNDEFINED_TABLE = "42P01"  # before the driver's first migration
 
 
@@ -42,19 +42,7 @@ class RunUnavailable(Exception):
 class RunReader:
     def __init__(self, url: str, pool_size: int = 2):
         self._url = engine_url(url)
-        self._engine = sa.create_engine(
-            self._url,
-            pool_size=pool_size,
-            max_overflow=pool_size,
-            pool_timeout=CONNECT_TIMEOUT_SECONDS,
-            pool_pre_ping=True,
-            pool_recycle=300,
-            connect_args={
-                "connect_timeout": CONNECT_TIMEOUT_SECONDS,
-                "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c default_transaction_read_only=on",
-                "application_name": "embedjob-operator",
-            },
-        )
+        self._engine = bounded_engine(url, pool_size, read_only=True)
 
     def latest(self, uid: str, namespace: str, name: str) -> RunRow | None:
         """The newest run of the job, None before the driver started one. A row counts only where its
