@@ -21,9 +21,11 @@ ACCEPT_ATTEMPTS = 5
 
 async def sync_status(job: dict[str, Any], current: dict[str, Any], obs: status.Observation,
                       ctx: Context) -> tuple[dict[str, Any], list[events.Transition]]:
-    """Write what changed in the status; return the status now stored and the transitions."""
+    """Write what changed in the status; return the status now stored and the transitions. A final
+    state is never decided on a failed read of the run row (it would be frozen with whatever that
+    read missed): the status stays as it is, and the next refresh reads the run again."""
     desired = status.desired_status(current, obs)
-    if desired is None:
+    if desired is None or (obs.progress_error and status.is_final(desired) and not status.is_final(current)):
         return current, []
     patch = status.status_patch(current, desired)
     if not patch:

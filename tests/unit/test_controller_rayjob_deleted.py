@@ -1,10 +1,16 @@
 """A RayJob deleted under an unfinished job: the job ends with the run's outcome, else Failed/RayJobDeleted."""
 
+import asyncio
+
 import pytest
 
 from controller import status
 from controller.acceptance import ACCEPTED
-from controller.run_reader import RunRow
+from controller.keeper import StatusKeeper
+from controller.metrics import JobStates
+from controller.reconcile import Context
+from controller.run_reader import RunRow, RunUnavailable
+from controller.settings import Settings
 
 RUNNING = {"state": "Running", "reason": "JobRunning", "rayJobName": "ej-pep-1234abcd",
            "jobDeploymentStatus": "Running", "conditions": []}
@@ -39,3 +45,57 @@ def test_the_run_row_decides_when_it_has_an_outcome(run, outcome):
 def test_a_rayjob_not_yet_seen_is_not_deleted():
     st = status.desired_status({}, observe(deleted=False))
     assert (st["state"], st["reason"]) == ("Pending", "CreatingRayJob")
+
+
+class FlakyRuns:
+    """The run table, readable only from the second read on."""
+
+    def __init__(self, row: RunRow):
+        self.row, self.reads = row, 0
+
+    def latest(self, uid, namespace, name):
+        self.reads += 1
+        if self.reads == 1:
+            raise RunUnavailable("connection refused")
+        return self.row
+
+
+class StoringKube:
+    def __init__(self):
+        self.patches = []
+
+    async def patch_job_status(self, namespace, name, patch, resource_version=None):
+        self.patches.append(patch)
+        return patch
+
+    async def get_rayjob(self, namespace, name):
+        return None  # deleted, as the API server confirms
+
+
+@pytest.mark.parametrize("rayjob", [None, {"metadata": {"name": "ej-pep-1234abcd", "namespace": "ns", "uid": "r",
+                                                        "ownerReferences": [{"kind": "EmbeddingJob", "uid": "u-1",
+                                                                             "controller": True}]},
+                                           "spec": {}, "status": {"jobDeploymentStatus": "Complete",
+                                                                  "jobStatus": "SUCCEEDED"}}],
+                         ids=["rayjob-deleted", "rayjob-complete"])
+def test_a_failed_read_of_the_run_never_decides_the_final_state(rayjob):
+    """Issue 26 item 9: the run row says succeeded, 400/400; the one read at the end fails. The status
+    stays as it was (not Failed/RayJobDeleted at 120/400, not Complete at 120/400) and the next sync,
+    whose read gets through, decides from the whole run."""
+    row = RunRow(state="succeeded", batches_total=400, batches_succeeded=400, records_total=400,
+                 records_embedded=400)
+    kube, runs = StoringKube(), FlakyRuns(row)
+    ctx = Context(settings=Settings.from_env({}), kube=kube, runs=runs, job_states=JobStates())
+    keeper = StatusKeeper(ctx, emit=lambda job, change: None)
+    running = {**RUNNING, "progress": {"batchesSucceeded": 120, "batchesTotal": 400}}
+    job = {"metadata": {"name": "pep", "namespace": "ns", "uid": "u-1", "generation": 1},
+           "spec": {"suspend": False}, "status": running}
+    keeper.attach({"u-1": [job]}, {("ns", "u-1"): [rayjob]} if rayjob else {})
+    keeper.note_verdict("u-1", ACCEPTED)
+
+    asyncio.run(keeper.sync("u-1"))
+    assert kube.patches == [] and runs.reads == 1  # nothing decided on the failed read
+    asyncio.run(keeper.sync("u-1"))
+    [patch] = kube.patches
+    assert (patch["state"], patch["reason"]) == ("Complete", "Succeeded"), patch
+    assert patch["progress"]["batchesSucceeded"] == 400
