@@ -45,7 +45,7 @@ async def jobs_by_uid(body: kopf.Body, **_: Any) -> dict[str, Any]:
             "apiVersion": api.API_VERSION,
             "kind": api.KIND,
             "metadata": {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid,
-                         "generation": meta.get("generation")},
+                         "generation": meta.get("generation"), "deletionTimestamp": meta.get("deletionTimestamp")},
             "spec": {"suspend": body.spec.get("suspend", False),
                      "clusterSelector": copy.deepcopy(body.spec.get("clusterSelector"))},
             "status": copy.deepcopy(dict(body.status)),

@@ -63,6 +63,13 @@ class StatusKeeper:
     def note_verdict(self, uid: str, verdict: Verdict) -> None:
         self._verdicts[uid] = verdict
 
+    def _live_job(self, uid: str) -> dict[str, Any] | None:
+        """The job's summary, None once it is gone or being deleted: from its deletion on, the cleanup
+        owns it (no status write, gauge change or Event for a job the user deleted, and nothing of it
+        kept here after `forget`)."""
+        job = next(iter(self._jobs.get(uid, ())), None)
+        return None if job is None or job["metadata"].get("deletionTimestamp") else job
+
     def forget(self, uid: str) -> None:
         for memory in (self._verdicts, self._written, self._locks):
             memory.pop(uid, None)
@@ -71,8 +78,10 @@ class StatusKeeper:
         """Write what changed in the job's status. `created`: the RayJob the job's review just created,
         which the watch may not hold yet; its name is in the status from then on, so a RayJob deleted
         before the watch saw it is still known to have existed."""
+        if self._live_job(uid) is None:
+            return
         async with self._locks.setdefault(uid, asyncio.Lock()):
-            job = next(iter(self._jobs.get(uid, ())), None)
+            job = self._live_job(uid)
             if job is None:
                 return
             current = self._written.get(uid, job.get("status") or {})

@@ -99,3 +99,20 @@ def test_a_failed_read_of_the_run_never_decides_the_final_state(rayjob):
     [patch] = kube.patches
     assert (patch["state"], patch["reason"]) == ("Complete", "Succeeded"), patch
     assert patch["progress"]["batchesSucceeded"] == 400
+
+
+def test_a_job_being_deleted_gets_no_sync_gauge_or_event_and_nothing_of_it_is_kept():
+    """Issue 26 item 10: the RayJob's DELETED event comes while the finalizer holds the job; the sync
+    it asks for wrote Failed/RayJobDeleted with a Warning on a job the user deleted, and put it back
+    into the gauge and the keeper's maps for good."""
+    kube, emitted, states = StoringKube(), [], JobStates()
+    ctx = Context(settings=Settings.from_env({}), kube=kube, runs=None, job_states=states)
+    keeper = StatusKeeper(ctx, emit=lambda job, change: emitted.append(change))
+    job = {"metadata": {"name": "pep", "namespace": "ns", "uid": "u-1", "generation": 1,
+                        "deletionTimestamp": "2026-01-01T00:04:00Z"}, "spec": {"suspend": False}, "status": RUNNING}
+    keeper.attach({"u-1": [job]}, {})
+    keeper.forget("u-1")  # the cleanup handler's first step
+
+    asyncio.run(keeper.sync("u-1"))  # the RayJob's deletion, seen while the finalizer runs
+    assert kube.patches == [] and emitted == []
+    assert states._states == {} and keeper._written == {} and keeper._locks == {}
