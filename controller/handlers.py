@@ -24,7 +24,7 @@ from embedjob import api
 
 from . import metrics, queueing, reconcile
 from .acceptance import Verdict
-from .rayjob import LABEL_JOB_UID, LABEL_MANAGED_BY, MANAGED_BY, RAY_GROUP, RAY_PLURAL, RAY_VERSION
+from .rayjob import LABEL_JOB_NAME, LABEL_JOB_UID, LABEL_MANAGED_BY, MANAGED_BY, RAY_GROUP, RAY_PLURAL, RAY_VERSION
 from .release import RELEASED
 
 JOBS = (api.GROUP, api.VERSION, api.PLURAL)
@@ -66,7 +66,8 @@ async def rayjobs_by_job(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict
         (meta.namespace, uid): {
             "metadata": {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid,
                          "ownerReferences": meta.get("ownerReferences", []),
-                         "labels": queueing.kueue_labels_of(labels)},
+                         # the job's name: a failed job's message says where its driver's log is
+                         "labels": {**queueing.kueue_labels_of(labels), LABEL_JOB_NAME: labels.get(LABEL_JOB_NAME, "")}},
             "spec": {"suspend": body.spec.get("suspend", False)},
             "status": copy.deepcopy(dict(body.status)),
         }

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
+import kopf
 import pytest
 
-from controller import acceptance, events, status
+from controller import acceptance, events, handlers, status
+from controller.rayjob import build_rayjob
+from controller.settings import Settings
 from controller.acceptance import ACCEPTED, Verdict
 from controller.run_reader import RunRow
 from embedjob import api
@@ -229,8 +233,16 @@ def test_progress_summary_without_a_total():
 
 
 def test_failed_message_says_where_the_drivers_log_is():
-    rj = rayjob("Complete", "FAILED", message="Job entrypoint command failed with exit code 1 " + "x" * 2000)
-    rj["metadata"].update(namespace="team-a", labels={"embedjob.dev/job-name": "pep"})
+    """The RayJob as the operator's watch index keeps it (handlers.rayjobs_by_job), not as built by hand."""
+    job = {"apiVersion": api.API_VERSION, "kind": api.KIND, "spec": MINIMAL_SPEC,
+           "metadata": {"name": "pep", "namespace": "team-a", "uid": "u-1"}}
+    manifest = build_rayjob(job, api.parse_spec(MINIMAL_SPEC), Settings.from_env({}))
+    manifest["metadata"]["uid"] = "rj-1"
+    manifest["status"] = {"jobDeploymentStatus": "Complete", "jobStatus": "FAILED",
+                          "message": "Job entrypoint command failed with exit code 1 " + "x" * 2000}
+    body = kopf.Body(manifest)
+    [[key, rj]] = asyncio.run(handlers.rayjobs_by_job(body=body, labels=body.metadata.labels)).items()
+    assert key == ("team-a", "u-1")
     st = status.desired_status({}, observe(verdict=ACCEPTED, rj=rj))
     failed = next(c for c in st["conditions"] if c["type"] == "Failed")
     assert failed["message"].startswith("Job entrypoint command failed with exit code 1")
