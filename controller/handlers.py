@@ -9,7 +9,7 @@
   released from the operator (`python -m controller.release`, before an uninstall):
   kopf guards those with no finalizer, and takes it off one that still has it.
 
-Jobs and RayJobs are kept in kopf indexes as small summaries, not whole bodies, and no
+Jobs and RayJobs are kept in kopf indexes as small summaries (`controller.indexes`), and no
 task runs per job: memory stays flat with thousands of jobs.
 """
 
@@ -22,9 +22,9 @@ import kopf
 
 from embedjob import api
 
-from . import metrics, queueing, reconcile
+from . import indexes, metrics, reconcile
 from .acceptance import Verdict
-from .rayjob import LABEL_JOB_NAME, LABEL_JOB_UID, LABEL_MANAGED_BY, MANAGED_BY, RAY_GROUP, RAY_PLURAL, RAY_VERSION
+from .rayjob import LABEL_JOB_UID, LABEL_MANAGED_BY, MANAGED_BY, RAY_GROUP, RAY_PLURAL, RAY_VERSION
 from .release import RELEASED
 
 JOBS = (api.GROUP, api.VERSION, api.PLURAL)
@@ -38,40 +38,12 @@ def plain(body: kopf.Body) -> dict[str, Any]:
 
 @kopf.index(*JOBS)
 async def jobs_by_uid(body: kopf.Body, **_: Any) -> dict[str, Any]:
-    """Each job by uid: what its status is computed from (and an Event needs)."""
-    meta = body.metadata
-    return {
-        meta.uid: {
-            "apiVersion": api.API_VERSION,
-            "kind": api.KIND,
-            "metadata": {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid,
-                         "generation": meta.get("generation"), "deletionTimestamp": meta.get("deletionTimestamp")},
-            "spec": {"suspend": body.spec.get("suspend", False),
-                     "clusterSelector": copy.deepcopy(body.spec.get("clusterSelector"))},
-            "status": copy.deepcopy(dict(body.status)),
-        }
-    }
+    return indexes.job_entry(dict(body))
 
 
 @kopf.index(*RAYJOBS, labels=OUR_RAYJOBS)
-async def rayjobs_by_job(body: kopf.Body, labels: kopf.Labels, **_: Any) -> dict[str, Any] | None:
-    """RayJobs by (namespace, uid of their EmbeddingJob), only what the operator reads of them. The
-    label is anyone's to write: a RayJob is looked up in its job's own namespace only, and counts
-    only with a controller reference to the job (`rayjob.owned_by`)."""
-    uid = labels.get(LABEL_JOB_UID)
-    if not uid:
-        return None
-    meta = body.metadata
-    return {
-        (meta.namespace, uid): {
-            "metadata": {"name": meta.name, "namespace": meta.namespace, "uid": meta.uid,
-                         "ownerReferences": meta.get("ownerReferences", []),
-                         # the job's name: a failed job's message says where its driver's log is
-                         "labels": {**queueing.kueue_labels_of(labels), LABEL_JOB_NAME: labels.get(LABEL_JOB_NAME, "")}},
-            "spec": {"suspend": body.spec.get("suspend", False)},
-            "status": copy.deepcopy(dict(body.status)),
-        }
-    }
+async def rayjobs_by_job(body: kopf.Body, **_: Any) -> dict[tuple[str, str], Any] | None:
+    return indexes.rayjob_entry(dict(body))
 
 
 async def review(job: dict[str, Any], memo: kopf.Memo, rayjobs_by_job: Mapping[str, Any]) -> Verdict:
@@ -81,7 +53,7 @@ async def review(job: dict[str, Any], memo: kopf.Memo, rayjobs_by_job: Mapping[s
     with metrics.reconcile("launch"):
         verdict = await reconcile.launch(job, rayjobs_by_job.get((job["metadata"]["namespace"], uid), []), ctx,
                                          memo.keeper.accept, lambda rayjob: memo.keeper.sync(uid, created=rayjob))
-    memo.keeper.note_verdict(uid, verdict)
+    memo.keeper.note_verdict(uid, verdict, job["metadata"].get("generation") or 0)
     memo.refusals.note(job, verdict)
     if not verdict.accepted:
         # An accepted job's status follows its RayJob's watch events instead.

@@ -50,7 +50,7 @@ class StatusKeeper:
         self._posting: set[asyncio.Task] = set()
         self._jobs: Mapping[str, Iterable[dict[str, Any]]] = {}
         self._rayjobs: Mapping[tuple[str, str], Iterable[dict[str, Any]]] = {}
-        self._verdicts: dict[str, Verdict] = {}
+        self._verdicts: dict[str, tuple[Verdict, int]] = {}  #: the latest review's, with its generation
         self._written: dict[str, dict[str, Any]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._refresher: asyncio.Task | None = None
@@ -60,8 +60,8 @@ class StatusKeeper:
         """The live indexes: job uid -> [job summary], (namespace, job uid) -> [RayJobs labelled so]."""
         self._jobs, self._rayjobs = jobs, rayjobs
 
-    def note_verdict(self, uid: str, verdict: Verdict) -> None:
-        self._verdicts[uid] = verdict
+    def note_verdict(self, uid: str, verdict: Verdict, generation: int) -> None:
+        self._verdicts[uid] = (verdict, generation)
 
     def _live_job(self, uid: str) -> dict[str, Any] | None:
         """The job's summary, None once it is gone or being deleted: from its deletion on, the cleanup
@@ -88,7 +88,10 @@ class StatusKeeper:
             watched = self._rayjobs.get((job["metadata"]["namespace"], uid), ())
             rayjob = own_rayjob([*watched, *([created] if created else [])], job["metadata"])
             with metrics.reconcile("status"):
-                obs = await observe(job, current, rayjob, self._verdicts.get(uid), self._ctx)
+                # observedGeneration names a reviewed generation only: an edit not reviewed yet is not observed
+                verdict, reviewed = self._verdicts.get(uid, (None, None))
+                generation = reviewed or current.get("observedGeneration") or job["metadata"].get("generation") or 0
+                obs = await observe(job, current, rayjob, verdict, generation, self._ctx)
                 stored, changes = await sync_status(job, current, obs, self._ctx)
             self._written[uid] = stored
             for change in changes:
@@ -107,7 +110,8 @@ class StatusKeeper:
         meta = job["metadata"]
         async with self._locks.setdefault(meta["uid"], asyncio.Lock()):
             current = self._written.get(meta["uid"], job.get("status") or {})
-            desired = status.desired_status(current, await observe(job, current, None, ACCEPTED, self._ctx))
+            generation = meta.get("generation") or 0
+            desired = status.desired_status(current, await observe(job, current, None, ACCEPTED, generation, self._ctx))
             version = meta["resourceVersion"]
             for _ in range(ACCEPT_ATTEMPTS):
                 try:
@@ -123,7 +127,7 @@ class StatusKeeper:
                 version = fresh["resourceVersion"]
             else:
                 return False
-            self._verdicts[meta["uid"]], self._written[meta["uid"]] = ACCEPTED, stored
+            self._verdicts[meta["uid"]], self._written[meta["uid"]] = (ACCEPTED, generation), stored
             for change in events.transitions(current, desired):
                 self._emit(job, change)
             return True

@@ -143,7 +143,8 @@ async def observe_waiting(job: dict[str, Any], rayjob: dict[str, Any] | None,
 
 
 async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str, Any] | None,
-                  verdict: Verdict | None, ctx: Context) -> status.Observation:
+                  verdict: Verdict | None, generation: int, ctx: Context) -> status.Observation:
+    """What the status is computed from now; `generation`: the one the verdict was given for."""
     run, progress_error = None, None
     deployment = ((rayjob or {}).get("status") or {}).get("jobDeploymentStatus")
     deleted = await rayjob_deleted(job, current, rayjob, ctx)
@@ -154,7 +155,7 @@ async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str
         except RunUnavailable as exc:
             progress_error = str(exc)
     return status.Observation(
-        generation=job["metadata"].get("generation") or 0,
+        generation=generation,
         suspend=bool(job["spec"].get("suspend")),
         verdict=verdict,
         rayjob=rayjob,

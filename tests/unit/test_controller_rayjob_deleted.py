@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from controller import status
-from controller.acceptance import ACCEPTED
+from controller.acceptance import ACCEPTED, Verdict
 from controller.keeper import StatusKeeper
 from controller.metrics import JobStates
 from controller.reconcile import Context
@@ -91,7 +91,7 @@ def test_a_failed_read_of_the_run_never_decides_the_final_state(rayjob):
     job = {"metadata": {"name": "pep", "namespace": "ns", "uid": "u-1", "generation": 1},
            "spec": {"suspend": False}, "status": running}
     keeper.attach({"u-1": [job]}, {("ns", "u-1"): [rayjob]} if rayjob else {})
-    keeper.note_verdict("u-1", ACCEPTED)
+    keeper.note_verdict("u-1", ACCEPTED, 1)
 
     asyncio.run(keeper.sync("u-1"))
     assert kube.patches == [] and runs.reads == 1  # nothing decided on the failed read
@@ -116,3 +116,22 @@ def test_a_job_being_deleted_gets_no_sync_gauge_or_event_and_nothing_of_it_is_ke
     asyncio.run(keeper.sync("u-1"))  # the RayJob's deletion, seen while the finalizer runs
     assert kube.patches == [] and emitted == []
     assert states._states == {} and keeper._written == {} and keeper._locks == {}
+
+
+def test_observed_generation_names_the_reviewed_generation_not_an_edit_waiting_for_its_review():
+    """Issue 26 item 11: a periodic sync between an edit (generation 2) and its review stamped 2."""
+    kube = StoringKube()
+    ctx = Context(settings=Settings.from_env({}), kube=kube, runs=None, job_states=JobStates())
+    keeper = StatusKeeper(ctx, emit=lambda job, change: None)
+    refused = {"state": "Pending", "reason": "SecretNotFound", "observedGeneration": 1, "conditions": []}
+    job = {"metadata": {"name": "pep", "namespace": "ns", "uid": "u-1", "generation": 2},  # edited since
+           "spec": {"suspend": False}, "status": refused}
+    keeper.attach({"u-1": [job]}, {})
+    keeper.note_verdict("u-1", Verdict(False, "SecretNotFound", "Secret 'db' does not exist"), 1)
+
+    asyncio.run(keeper.sync("u-1"))
+    assert all(patch.get("observedGeneration", 1) == 1 for patch in kube.patches), kube.patches
+    assert all(c["observedGeneration"] == 1 for patch in kube.patches for c in patch.get("conditions", []))
+    keeper.note_verdict("u-1", Verdict(False, "SecretNotFound", "Secret 'db' does not exist"), 2)  # its review
+    asyncio.run(keeper.sync("u-1"))
+    assert kube.patches[-1]["observedGeneration"] == 2

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 
-import kopf
 import pytest
 
-from controller import acceptance, events, handlers, status
+from controller import acceptance, events, indexes, status
 from controller.rayjob import build_rayjob
 from controller.settings import Settings
 from controller.acceptance import ACCEPTED, Verdict
@@ -233,15 +231,14 @@ def test_progress_summary_without_a_total():
 
 
 def test_failed_message_says_where_the_drivers_log_is():
-    """The RayJob as the operator's watch index keeps it (handlers.rayjobs_by_job), not as built by hand."""
+    """The RayJob as the operator's watch index keeps it (indexes.rayjob_entry), not as built by hand."""
     job = {"apiVersion": api.API_VERSION, "kind": api.KIND, "spec": MINIMAL_SPEC,
            "metadata": {"name": "pep", "namespace": "team-a", "uid": "u-1"}}
     manifest = build_rayjob(job, api.parse_spec(MINIMAL_SPEC), Settings.from_env({}))
     manifest["metadata"]["uid"] = "rj-1"
     manifest["status"] = {"jobDeploymentStatus": "Complete", "jobStatus": "FAILED",
                           "message": "Job entrypoint command failed with exit code 1 " + "x" * 2000}
-    body = kopf.Body(manifest)
-    [[key, rj]] = asyncio.run(handlers.rayjobs_by_job(body=body, labels=body.metadata.labels)).items()
+    [[key, rj]] = indexes.rayjob_entry(manifest).items()
     assert key == ("team-a", "u-1")
     st = status.desired_status({}, observe(verdict=ACCEPTED, rj=rj))
     failed = next(c for c in st["conditions"] if c["type"] == "Failed")
