@@ -59,7 +59,9 @@ def test_job_gets_one_rayjob_that_kuberay_accepts(kube, namespace, kuberay_opera
         return job if job["status"].get("rayClusterName") == status["rayClusterName"] else None
 
     job = wait_until("the mirrored RayJob status", mirrored, timeout=30)
-    assert job["status"]["state"] == "Pending" and job["status"]["reason"] == "Initializing"
+    # what it waits for comes from its pods, which depend on what earlier tests of the session left
+    # running: nothing binds them (Initializing), or a scheduler finds no room for them (Unschedulable)
+    assert job["status"]["state"] == "Pending" and job["status"]["reason"] in ("Initializing", "Unschedulable")
     assert job["status"]["jobDeploymentStatus"] == "Initializing"
     assert condition(job, "Accepted")["status"] == "True"
     assert all(c["observedGeneration"] == job["metadata"]["generation"] for c in job["status"]["conditions"])
