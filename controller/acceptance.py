@@ -7,13 +7,14 @@ spec can still be fixed because it becomes immutable only once accepted).
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from embedjob import api
-from embedjob.contract import DATABASE_URL_ENV
+from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV
 
 # Schemes the driver reads through fsspec; a plain path is a file in the worker image
 # or on a volume mounted into it.
@@ -115,11 +116,19 @@ def _driver_may_run_on_workers(head: dict[str, Any]) -> bool:
     return "valueFrom" in switch or switch.get("value") == "1"
 
 
-def _database_source(container: dict[str, Any]) -> str:
-    """Where the container's DATABASE_URL_ENV comes from, in words (never the value)."""
-    var = _env_var(container, DATABASE_URL_ENV)
+def database_secrets(spec: api.EmbeddingJobSpec) -> list[tuple[str, api.SecretKeyRef, str]]:
+    """(driver env variable, Secret key, spec field) of each database the driver connects to: the
+    sink's, and a table source's own when it names one."""
+    pairs = [(DATABASE_URL_ENV, spec.sink.database_secret_ref, "spec.sink.databaseSecretRef"),
+             (SOURCE_DATABASE_URL_ENV, spec.source.database_secret_ref, "spec.source.databaseSecretRef")]
+    return [(env, ref, field) for env, ref, field in pairs if ref is not None]
+
+
+def _database_source(container: dict[str, Any], env: str) -> str:
+    """Where the container's `env` (a database URL) comes from, in words (never the value)."""
+    var = _env_var(container, env)
     if var is None:
-        return f"it does not set {DATABASE_URL_ENV}"
+        return f"it does not set {env}"
     ref = (var.get("valueFrom") or {}).get("secretKeyRef")
     if ref is not None:
         return f"it takes it from Secret {ref.get('name')!r} key {ref.get('key')!r}"
@@ -130,7 +139,9 @@ def _database_source(container: dict[str, Any]) -> str:
 
 def check_shared_cluster(spec: api.EmbeddingJobSpec, raycluster: dict[str, Any] | None) -> Verdict | None:
     """A job on an existing RayCluster (spec.clusterSelector) writes to the database its own
-    Secret names: the driver's container must take DATABASE_URL_ENV from that Secret's key.
+    Secret names: the driver's container must take DATABASE_URL_ENV from that Secret's key, and
+    a table source's SOURCE_DATABASE_URL_ENV from its Secret's key (else the driver would read
+    a same-named table of the sink's database).
 
     The URL never travels in the RayJob or in Ray job metadata, which every user of a shared
     cluster can read. KubeRay's clusterSelector names the RayCluster in the job's namespace by
@@ -158,20 +169,19 @@ def check_shared_cluster(spec: api.EmbeddingJobSpec, raycluster: dict[str, Any] 
     if _driver_may_run_on_workers(_ray_container(head_group)):
         groups += [(f"worker group {group.get('groupName')!r}", group)
                    for group in ray_spec.get("workerGroupSpecs") or []]
-    ref = spec.sink.database_secret_ref
-    for described, group in groups:
+    for (described, group), (env, ref, field) in itertools.product(groups, database_secrets(spec)):
         container = _ray_container(group)
-        source = ((_env_var(container, DATABASE_URL_ENV) or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
+        source = ((_env_var(container, env) or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
         if (source.get("name"), source.get("key")) != (ref.name, ref.key):
             others = [other.get("name") for other in _containers(group)[RAY_CONTAINER_INDEX + 1:]
-                      if _env_var(other, DATABASE_URL_ENV)]
+                      if _env_var(other, env)]
             elsewhere = f" (container {others[0]!r} sets it, but Ray runs in the first container)" if others else ""
             return _reject(
                 "SharedClusterDatabaseMismatch",
                 f"RayCluster {name!r}: the {described}'s Ray container {container.get('name', '(none)')!r} must set "
-                f"{DATABASE_URL_ENV} from Secret {ref.name!r} key {ref.key!r} (env[].valueFrom.secretKeyRef; "
-                f"spec.sink.databaseSecretRef), since the job's driver may run there; "
-                f"{_database_source(container)}{elsewhere}")
+                f"{env} from Secret {ref.name!r} key {ref.key!r} (env[].valueFrom.secretKeyRef; "
+                f"{field}), since the job's driver may run there; "
+                f"{_database_source(container, env)}{elsewhere}")
     return None
 
 

@@ -16,8 +16,9 @@ from typing import Any
 
 from embedjob import api
 from embedjob.api import HEAD_CONTAINER, WORKER_CONTAINER
-from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, driver_command
+from embedjob.contract import driver_command
 
+from .acceptance import database_secrets
 from .pod_templates import pod_template, submitter_template
 from .queueing import queue_labels
 from .settings import Settings
@@ -93,9 +94,8 @@ def _worker_resources(workers: api.Workers, layout: WorkerLayout) -> dict[str, d
 
 def database_env(spec: api.EmbeddingJobSpec) -> list[dict[str, Any]]:
     """The sink's database URL, and a table source's own database URL when it names one."""
-    refs = [(DATABASE_URL_ENV, spec.sink.database_secret_ref), (SOURCE_DATABASE_URL_ENV, spec.source.database_secret_ref)]
     return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-            for name, ref in refs if ref is not None]
+            for name, ref, _ in database_secrets(spec)]
 
 
 def labels(job: dict[str, Any]) -> dict[str, str]:

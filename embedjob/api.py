@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
-from .api_base import DNS_LABEL, DNS_SUBDOMAIN
+from .api_base import DNS_LABEL, DNS_SUBDOMAIN, SecretKeyRef
 from .api_rules import LABEL_KEY, LABEL_VALUE, cel
 from .api_pod_volumes import RESERVED_ENV_PREFIX
 from .api_pods import HEAD_CONTAINER, WORKER_CONTAINER, Head, PodDefaults
@@ -36,8 +36,8 @@ __all__ = [
     "PLURAL", "RAY_CLUSTER_SELECTOR_KEY", "RESERVED_ENV_PREFIX", "SHORT_NAMES", "SINGULAR", "SOURCE_IDENTIFIER",
     "VERSION", "WORKER_CONTAINER", "CHUNK_WITHIN_MODEL", "OVERLAP_WITHIN_MODEL",
     "ApiModel", "Batching", "Chunking", "EmbeddingJobSpec", "Head", "IndexType", "Model", "ModelBackend",
-    "ModelPrecision", "PodDefaults", "Retry", "RunCounters", "Sink", "Source", "SourceTable", "SpecError", "Sync",
-    "TableFilter", "VectorIndex", "Workers", "parse_spec",
+    "ModelPrecision", "PodDefaults", "Retry", "RunCounters", "SecretKeyRef", "Sink", "Source", "SourceTable", "SpecError",
+    "Sync", "TableFilter", "VectorIndex", "Workers", "parse_spec",
 ]
 
 GROUP = "embedjob.dev"

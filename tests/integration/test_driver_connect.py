@@ -43,3 +43,17 @@ def test_a_ray_address_that_never_answers_exits_3_within_the_connect_timeout(sil
     assert f"cannot connect to the Ray cluster at {silent_listener}: no connection after 15s" in result.stderr
     assert 15 <= waited < 45, waited
     assert "secret" not in result.stderr + result.stdout
+
+
+def test_a_table_source_of_its_own_database_without_its_url_exits_2_and_never_reads_the_sinks():
+    """Issue 26 item 3: spec.source.databaseSecretRef set and EMBEDJOB_SOURCE_DATABASE_URL missing (a shared
+    cluster that does not hand it over) is a config error, before any Ray or database connection."""
+    job = manifest("unused")
+    job["spec"]["source"] = {"table": {"name": "docs", "idColumn": "id", "textColumn": "body"},
+                             "databaseSecretRef": {"name": "cms-db", "key": "dsn"}}
+    env = {"EMBEDJOB_DATABASE_URL": "postgresql://u:secret@127.0.0.1:1/db", "EMBEDJOB_SOURCE_DATABASE_URL": ""}
+    result = run([*DRIVER, "--config-b64", encode_job_config(job), "--ray-address", "127.0.0.1:1"], env=env,
+                 timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "spec.source.databaseSecretRef is set and EMBEDJOB_SOURCE_DATABASE_URL is not" in result.stderr
+    assert "secret" not in result.stderr + result.stdout

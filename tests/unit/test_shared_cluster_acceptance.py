@@ -11,7 +11,7 @@ from controller import acceptance, reconcile
 from controller.metrics import JobStates
 from controller.settings import Settings
 from embedjob import api
-from embedjob.contract import DATABASE_URL_ENV
+from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV
 from support.manifests import MINIMAL_SPEC, merged
 
 SECRET = {"data": {"url": "cG9zdGdyZXNxbDovL3NlY3JldEBkYi9l"}}
@@ -146,3 +146,26 @@ def test_launch_reads_the_selected_cluster_in_the_jobs_namespace_and_creates_no_
     assert refused.read == [("team", "shared")] and refused.created == []
     accepted = Kube(raycluster())
     assert launch(accepted).accepted and len(accepted.created) == 1
+
+
+def table_spec() -> api.EmbeddingJobSpec:
+    """A shared-cluster job embedding a table of its own database (spec.source.databaseSecretRef)."""
+    return api.parse_spec(merged(MINIMAL_SPEC, {
+        "clusterSelector": {"ray.io/cluster": "shared"},
+        "source": {"uri": None, "table": {"name": "docs", "idColumn": "id", "textColumn": "body"},
+                   "databaseSecretRef": {"name": "cms-db", "key": "dsn"}}}))
+
+
+def test_a_table_source_of_its_own_database_needs_the_cluster_to_hand_that_url_to_the_driver():
+    """Issue 26 item 3: the RayJob of a shared-cluster job carries no pod templates, so without this the
+    driver fell back to the sink's database and embedded (and with sync.deleteMissing deleted by) a
+    same-named table there."""
+    verdict = acceptance.review(table_spec(), SECRET, raycluster())
+    assert not verdict.accepted and verdict.reason == "SharedClusterDatabaseMismatch"
+    assert f"must set {SOURCE_DATABASE_URL_ENV} from Secret 'cms-db' key 'dsn'" in verdict.message
+    assert "spec.source.databaseSecretRef" in verdict.message
+    assert f"it does not set {SOURCE_DATABASE_URL_ENV}" in verdict.message
+
+    from_source_secret = {"name": SOURCE_DATABASE_URL_ENV, "valueFrom": {"secretKeyRef": {"name": "cms-db",
+                                                                                          "key": "dsn"}}}
+    assert acceptance.review(table_spec(), SECRET, raycluster(head_env=[FROM_JOB_SECRET, from_source_secret])).accepted

@@ -117,6 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     if not database_url:
         print(f"invalid job config: {DATABASE_URL_ENV} is not set", file=sys.stderr)
         return ExitCode.INVALID_CONFIG
+    if config.spec.source.database_secret_ref is not None and not source_database_url:
+        # Never the sink's database in its place: a same-named table there is not the job's input.
+        print(f"invalid job config: spec.source.databaseSecretRef is set and {SOURCE_DATABASE_URL_ENV} is not",
+              file=sys.stderr)
+        return ExitCode.INVALID_CONFIG
     address = args.ray_address or os.environ.get("RAY_ADDRESS")
     if not address:
         print("no Ray cluster given: pass --ray-address or set RAY_ADDRESS (the driver never starts Ray itself)",
