@@ -173,3 +173,14 @@ def test_a_csv_cell_that_never_closes_refuses_the_rest_of_the_file_naming_its_li
     assert [outcome_of(item) for item in got] == [OK, BadReason.malformed_record]
     assert got[0].id == "ok-1" and got[1].position == 1
     assert "record from line 3" in got[1].detail and "never closes" in got[1].detail
+
+
+def test_a_record_is_scanned_alike_whatever_piece_boundaries_cut_it():
+    """A long line is read in pieces: a `""` or a closing quote cut between two pieces reads the same."""
+    from embedjob_worker.source.csv_records import _State, scan_piece
+
+    for record in ('id,"a ""quoted"", cell",after"quote,"x"y\n', '"open ""cell"" across\n', '"",""""\r\n'):
+        whole = scan_piece(record, _State.CELL_START)
+        for cut in range(1, len(record.rstrip("\r\n")) + 1):  # a cut inside the line break ends the record
+            state, ended = scan_piece(record[:cut], _State.CELL_START)
+            assert not ended and scan_piece(record[cut:], state) == whole, (record, cut)

@@ -22,6 +22,8 @@ from embedjob_worker.core.records import BadReason
 # Read a line at most this long at a time: a skipped record costs this much memory, not its size.
 _PIECE_CHARS = 1024 * 1024
 _UNQUOTED_CELL_END = re.compile(r"[,\r\n]")
+# A quoted cell's text up to its closing quote: anything but a quote, or `""` (one quote).
+_QUOTED_TEXT = re.compile(r'[^"]*(?:""[^"]*)*')
 
 
 class _State(Enum):
@@ -48,8 +50,8 @@ def scan_piece(piece: str, state: _State) -> tuple[_State, bool]:
     pos, size = 0, len(piece)
     while pos < size:
         if state is _State.QUOTED:
-            pos = piece.find('"', pos)
-            if pos < 0:
+            pos = _QUOTED_TEXT.match(piece, pos).end()
+            if pos == size:
                 return state, False
             state, pos = _State.QUOTE_IN_QUOTED, pos + 1
             continue
