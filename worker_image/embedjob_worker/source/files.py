@@ -2,8 +2,8 @@
 
 Nothing here loads a whole file: JSONL is read line by line, CSV record by record (split
 quote-aware by csv_records), Parquet batch by batch (pyarrow `iter_batches`), and a line or
-CSV record over MAX_RECORD_BYTES is skipped in bounded pieces and recorded as oversized. Bytes that are not UTF-8 are kept (surrogateescape) so
-that the record is still identified and rejected as `invalid_utf8`, not the whole file.
+CSV record over MAX_RECORD_BYTES is skipped in bounded pieces and recorded as oversized.
+Bytes that are not UTF-8 are kept (surrogateescape) so that the record is still identified and rejected as `invalid_utf8`, not the whole file.
 A record the reader cannot parse (deep nesting, a cut-off compressed stream) is a bad
 record with a reason; the records around it are read as usual.
 """
@@ -148,9 +148,9 @@ def _read_csv(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
             raise ValueError(f"the CSV header cannot be read: {exc}") from None
         if header is None:
             return
+        header = _csv_row(header)
         if isinstance(header, SkippedCsvRecord):
             raise ValueError(f"the CSV header cannot be read: {header.detail}")
-        header = _csv_row(header)
         position = 0
         while True:
             try:
@@ -160,14 +160,9 @@ def _read_csv(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
                 return
             if record is None:
                 return
-            if isinstance(record, SkippedCsvRecord):
-                yield RawRecord(position, None, None, record.reason, record.detail[:200])
-                position += 1
-                continue
-            try:
-                row = _csv_row(record)
-            except csv.Error as exc:
-                yield RawRecord(position, None, None, BadReason.malformed_record, f"not a CSV row: {exc}"[:200])
+            row = _csv_row(record)
+            if isinstance(row, SkippedCsvRecord):
+                yield RawRecord(position, None, None, row.reason, row.detail[:200])
                 position += 1
                 continue
             if not row:  # a blank line is no record (as csv.DictReader has it)
@@ -178,9 +173,14 @@ def _read_csv(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
             position += 1
 
 
-def _csv_row(record: str) -> list[str]:
-    """The cells of one whole CSV record (csv_records has already found where it ends)."""
-    return next(csv.reader((record,)), [])
+def _csv_row(record: str | SkippedCsvRecord) -> list[str] | SkippedCsvRecord:
+    """The cells of one whole CSV record (csv_records has found where it ends), or why it is no row."""
+    if isinstance(record, SkippedCsvRecord):
+        return record
+    try:
+        return next(csv.reader((record,)), [])
+    except csv.Error as exc:
+        return SkippedCsvRecord(BadReason.malformed_record, f"not a CSV row: {exc}")
 
 
 def _read_parquet(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
