@@ -16,7 +16,7 @@ from typing import Any
 
 from embedjob import api
 from embedjob.api import HEAD_CONTAINER, WORKER_CONTAINER
-from embedjob.contract import driver_command
+from embedjob.contract import DRIVER_ENV, driver_command
 
 from .acceptance import database_secrets
 from .pod_templates import pod_template, submitter_template
@@ -92,10 +92,13 @@ def _worker_resources(workers: api.Workers, layout: WorkerLayout) -> dict[str, d
     return {"requests": requests, "limits": limits}
 
 
-def database_env(spec: api.EmbeddingJobSpec) -> list[dict[str, Any]]:
-    """The sink's database URL, and a table source's own database URL when it names one."""
-    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-            for name, ref, _ in database_secrets(spec)]
+def driver_env(spec: api.EmbeddingJobSpec) -> list[dict[str, Any]]:
+    """Every variable the driver reads (contract.DRIVER_ENV): the sink's database URL and a table source's own
+    from their Secrets, the others empty. Set in `env`, which wins over `envFrom`, so that a Secret or
+    ConfigMap given without a prefix cannot set one (docs/pod-settings.md)."""
+    refs = {name: ref for name, ref, _ in database_secrets(spec)}
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": refs[name].name, "key": refs[name].key}}}
+            if name in refs else {"name": name, "value": ""} for name in DRIVER_ENV]
 
 
 def labels(job: dict[str, Any]) -> dict[str, str]:
@@ -140,7 +143,7 @@ def _cluster_spec(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Set
             "rayStartParams": {"num-cpus": "0"},
             "template": pod_template({
                 "metadata": {"labels": labels(job)},
-                "spec": {"containers": [_container(HEAD_CONTAINER, image, database_env(spec), HEAD_RESOURCES)]},
+                "spec": {"containers": [_container(HEAD_CONTAINER, image, driver_env(spec), HEAD_RESOURCES)]},
             }, *_head_settings(spec, settings)),
         },
         "workerGroupSpecs": [
@@ -154,7 +157,7 @@ def _cluster_spec(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Set
                     "metadata": {"labels": labels(job)},
                     "spec": {
                         "containers": [
-                            _container(WORKER_CONTAINER, image, database_env(spec),
+                            _container(WORKER_CONTAINER, image, driver_env(spec),
                                        _worker_resources(spec.workers, layout))
                         ]
                     },

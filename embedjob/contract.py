@@ -33,6 +33,9 @@ DATABASE_URL_ENV = "EMBEDJOB_DATABASE_URL"
 SOURCE_DATABASE_URL_ENV = "EMBEDJOB_SOURCE_DATABASE_URL"
 # Test hook: JSON handed to every EmbeddingWorker actor (see embedjob_worker.encode.actors).
 FAULT_INJECTION_ENV = "EMBEDJOB_FAULT_INJECTION"
+# Every variable the driver reads: the operator sets each in the Ray containers' `env` (empty when unused),
+# which wins over `envFrom`, so a Secret or ConfigMap given without a prefix cannot set one.
+DRIVER_ENV = (DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, FAULT_INJECTION_ENV)
 
 
 class ExitCode(IntEnum):

@@ -25,7 +25,7 @@ from embedjob_worker.core.config import JobConfig  # noqa: E402
 from embedjob_worker.driver import unreachable_exit_code  # noqa: E402
 from embedjob_worker.core.errors import Unreachable  # noqa: E402
 from embedjob_cli import job_logs, render  # noqa: E402
-from embedjob_worker.core.logs import configure_logging, mask_url  # noqa: E402
+from embedjob_worker.core.logs import configure_logging, mask_secrets, mask_url  # noqa: E402
 from embedjob_cli.search import DEFAULT_EF_SEARCH, MAX_EF_SEARCH, nearest  # noqa: E402
 from embedjob_worker.sink.vector_index import metric_for  # noqa: E402
 
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return _run(config, url, args) if args.command == "run" else _search(config, url, args)
         except Unreachable as exc:
-            print(f"embedjob: {exc}", file=sys.stderr)
+            print(f"embedjob: {mask_secrets(str(exc))}", file=sys.stderr)
             return unreachable_exit_code(exc)
 
 

@@ -259,6 +259,23 @@ def test_a_vectors_table_from_before_chunking_is_upgraded_by_its_owner(ray_addre
     assert key == "PRIMARY KEY (collection, record_id, chunk, model, revision)"
 
 
+def test_a_primary_key_whose_name_holds_quotes_is_dropped_by_the_upgrade(database_url):
+    """Issue 27 item 9: the constraint's name goes into DROP CONSTRAINT quoted as an identifier."""
+    odd = 'key "of" embeddings'
+    execute(database_url, OLD_TABLE.replace("PRIMARY KEY (", 'CONSTRAINT "key ""of"" embeddings" PRIMARY KEY ('))
+    assert query(database_url, "SELECT conname FROM pg_constraint WHERE contype = 'p'"
+                               " AND conrelid = 'embeddings'::regclass") == [(odd,)]
+    engine = sa.create_engine(database_url)
+    try:
+        assert upgrade_vectors_table(engine, "embeddings") is True
+    finally:
+        engine.dispose()
+    key = query(database_url, "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                              " WHERE conrelid = 'embeddings'::regclass AND contype = 'p'")
+    assert [definition for _, definition in key] == ["PRIMARY KEY (collection, record_id, chunk, model, revision)"]
+    assert key[0][0] != odd
+
+
 def test_a_vectors_table_from_before_chunking_is_refused_to_a_role_that_does_not_own_it(database_url):
     execute(database_url, OLD_TABLE, "CREATE ROLE chunk_reader LOGIN PASSWORD 'pw'",
             "GRANT SELECT, INSERT, UPDATE, DELETE ON embeddings TO chunk_reader")

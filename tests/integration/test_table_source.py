@@ -247,3 +247,17 @@ def test_duplicate_ids_of_a_table_are_found_by_neighbours_as_by_postgresql(ray_a
         assert (summary.counters.records_total, summary.counters.records_failed) == (60, 10), name
         assert sorted(int(r[0]) for r in query(database_url, "SELECT record_id FROM embeddings WHERE collection = :c",
                                                c=name)) == list(range(1, 51)), name
+
+
+def test_the_first_of_equal_ids_is_the_same_whatever_the_rows_physical_order(database_url):
+    """Issue 27 item 9: ORDER BY id alone leaves equal ids in the plan's order; the text breaks the tie, so
+    the row read first (the one that wins) is the smallest text in byte order, NULL last."""
+    rows = [(1, "beta"), (2, "solo"), (1, "Alpha"), (1, None), (3, "zeta"), (3, "eta")]
+    for name, ordered in (("docs_forward", rows), ("docs_backward", rows[::-1])):
+        execute(database_url, f"CREATE TABLE {name} (id integer, body text)",
+                *(f"INSERT INTO {name} VALUES ({i}, {'NULL' if t is None else repr(t)})" for i, t in ordered))
+    execute(database_url, "CREATE INDEX ON docs_backward (id)", "ANALYZE docs_backward")
+    expected = [("1", "Alpha"), ("1", "beta"), ("1", None), ("2", "solo"), ("3", "eta"), ("3", "zeta")]
+    for name in ("docs_forward", "docs_backward"):
+        got = [(r.id, r.text) for r in read_table_records(database_url, source_table(name))]
+        assert got == expected, (name, got)

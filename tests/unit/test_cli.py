@@ -11,7 +11,7 @@ from embedjob.contract import encode_job_config
 from support.cli import DRIVER, EMBEDJOB, manifest, run
 from support.net import free_port
 from embedjob_worker.plan.batching import estimated_batches, make_batches
-from embedjob_worker.core.logs import SecretMaskingFilter, mask_url
+from embedjob_worker.core.logs import SecretMaskingFilter, mask_text, mask_url
 from embedjob_worker.core.records import Record
 
 
@@ -65,6 +65,20 @@ def test_logs_mask_the_database_password():
     record.fields = {"error": "could not connect to postgresql://app:s3cr%21t@db/vectors"}
     SecretMaskingFilter(["postgresql://app:s3cr%21t@db/vectors"]).filter(record)
     assert "s3cr" not in record.getMessage() and "s3cr" not in json.dumps(record.fields)
+
+
+def test_passwords_in_a_urls_query_or_after_an_unescaped_at_are_masked():
+    """Issue 27 item 3: the query's password and sslpassword, and a userinfo password holding `@`."""
+    assert mask_url("postgresql://app@db/v?sslmode=require&password=qs3cr&sslpassword=ss3cr") == \
+        "postgresql://app@db/v?sslmode=require&password=***&sslpassword=***"
+    assert mask_url("postgresql://app:before@after@db:5432/v") == "postgresql://app:***@db:5432/v"
+    assert mask_url("host=db password='a b' dbname=v") == "host=db password=*** dbname=v"
+    url = "postgresql://app:before@after@db:5432/v"
+    # libpq reads `after@db` as the host and names it in its error
+    masked = mask_text(f"failed to resolve host 'after@db': no such host; connecting to {url}", [url])
+    assert masked == "failed to resolve host '***@db': no such host; connecting to postgresql://app:***@db:5432/v"
+    assert mask_text("postgresql://x:y@h/d?PassWord=z1 and password='q r'", []) == \
+        "postgresql://x:***@h/d?PassWord=*** and password=***"
 
 
 def test_the_progress_estimate_counts_the_batches_make_batches_cuts():

@@ -16,7 +16,7 @@ from controller.rayjob import (
     worker_layout,
 )
 from controller.settings import Settings
-from embedjob import api
+from embedjob import api, contract
 from embedjob.contract import decode_job_config
 from support.manifests import MINIMAL_SPEC, merged
 
@@ -95,9 +95,27 @@ def test_database_url_comes_only_from_the_secret():
     ]
     for container in containers:
         assert container["env"] == [
-            {"name": "EMBEDJOB_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "pg", "key": "dsn"}}}
+            {"name": "EMBEDJOB_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "pg", "key": "dsn"}}},
+            {"name": "EMBEDJOB_SOURCE_DATABASE_URL", "value": ""}, {"name": "EMBEDJOB_FAULT_INJECTION", "value": ""},
         ]
     assert "postgresql://" not in json.dumps(manifest)
+
+
+def test_an_env_from_without_a_prefix_cannot_set_the_drivers_own_variables():
+    """Issue 27 item 9: the kubelet lets `env` win over `envFrom`, so every variable the driver reads is in
+    `env`, ours, in each Ray container, whatever Secret or ConfigMap a template brings in without a prefix."""
+    from_config_map = {"containers": [{"name": "ray-head", "envFrom": [{"configMapRef": {"name": "everything"}}]}]}
+    manifest = rayjob_of(job(head={"template": {"spec": from_config_map}},
+                             workers={"template": {"spec": {"containers": [
+                                 {"name": "ray-worker", "envFrom": [{"secretRef": {"name": "everything"}}]}]}}}))
+    cluster = manifest["spec"]["rayClusterSpec"]
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        (container,) = group["template"]["spec"]["containers"]
+        assert container["envFrom"] and "prefix" not in container["envFrom"][0]
+        set_in_env = {var["name"]: var.get("value", "from its Secret") for var in container["env"]}
+        assert {name: set_in_env.get(name) for name in contract.DRIVER_ENV} == {
+            "EMBEDJOB_DATABASE_URL": "from its Secret", "EMBEDJOB_SOURCE_DATABASE_URL": "",
+            "EMBEDJOB_FAULT_INJECTION": ""}
 
 
 def test_cluster_spec_defaults():

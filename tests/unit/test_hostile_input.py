@@ -136,3 +136,51 @@ def test_a_truncated_parquet_file_is_unreadable_as_a_whole(tmp_path):
     # The driver turns ValueError/OSError from the reader into SourceUnreadable.
     with pytest.raises((ValueError, OSError)):
         outcomes(str(path), "parquet")
+
+
+def csv_cell(text: str) -> str:
+    """`text` as one quoted CSV cell, as a CSV writer quotes it."""
+    return '"' + text.replace('"', '""') + '"'
+
+
+def test_an_oversized_csv_cell_over_many_lines_is_skipped_to_its_real_end(tmp_path):
+    # A quoted cell of 17 lines of 1 MiB (over the 16 MiB limit), with lines in it that look
+    # like records: one repeats the id of a later real row, one is a quoted row, one ends in
+    # a quote followed by a comma and a line break as a closing quote would.
+    filler = "f" * (1024 * 1024)
+    planted = ["real-3,planted text that repeats a later id", '"planted-quoted","looks like a row"',
+               'planted-4,"opens a cell', 'planted-5",closes it,']
+    cell_lines = [planted[i % len(planted)] + filler for i in range(17)] + planted
+    rows = ["id,text", "real-1,before the cell", "big," + csv_cell("\n".join(cell_lines)),
+            "real-2,after the cell", 'real-3,"the real third, over\ntwo lines"', "real-4,the last row"]
+    path = tmp_path / "spanning.csv"
+    path.write_text("\r\n".join(rows) + "\r\n", encoding="utf-8")
+    got = outcomes(str(path), "csv")
+    assert [outcome_of(item) for item in got] == [OK, BadReason.oversized_record, OK, OK, OK], \
+        [(item.position, outcome_of(item), getattr(item, "detail", None)) for item in got]
+    assert [item.position for item in got] == [0, 1, 2, 3, 4]
+    oversized = got[1]
+    assert "record from line 3 to 23" in oversized.detail and "over the limit" in oversized.detail
+    assert {item.id: item.text for item in got if isinstance(item, Record)} == {
+        "real-1": "before the cell", "real-2": "after the cell",
+        "real-3": "the real third, over\ntwo lines", "real-4": "the last row"}
+
+
+def test_a_csv_cell_that_never_closes_refuses_the_rest_of_the_file_naming_its_line(tmp_path):
+    path = tmp_path / "open.csv"
+    path.write_text('id,text\nok-1,first\nopen,"a cell left open\nok-2,looks like a row\nok-3,and another\n')
+    got = outcomes(str(path), "csv")
+    assert [outcome_of(item) for item in got] == [OK, BadReason.malformed_record]
+    assert got[0].id == "ok-1" and got[1].position == 1
+    assert "record from line 3" in got[1].detail and "never closes" in got[1].detail
+
+
+def test_a_record_is_scanned_alike_whatever_piece_boundaries_cut_it():
+    """A long line is read in pieces: a `""` or a closing quote cut between two pieces reads the same."""
+    from embedjob_worker.source.csv_records import _State, scan_piece
+
+    for record in ('id,"a ""quoted"", cell",after"quote,"x"y\n', '"open ""cell"" across\n', '"",""""\r\n'):
+        whole = scan_piece(record, _State.CELL_START)
+        for cut in range(1, len(record.rstrip("\r\n")) + 1):  # a cut inside the line break ends the record
+            state, ended = scan_piece(record[:cut], _State.CELL_START)
+            assert not ended and scan_piece(record[cut:], state) == whole, (record, cut)

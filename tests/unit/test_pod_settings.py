@@ -47,8 +47,9 @@ def test_every_pod_setting_reaches_its_template(group):
             assert template["spec"][field] == value, field
     (container,) = template["spec"]["containers"]
     (wanted,) = given["spec"]["containers"]
-    assert container["env"][0]["name"] == contract.DATABASE_URL_ENV  # ours first, then the job's
-    assert container["env"][1:] == wanted["env"]
+    ours = len(contract.DRIVER_ENV)
+    assert [e["name"] for e in container["env"][:ours]] == list(contract.DRIVER_ENV)  # ours first, then the job's
+    assert container["env"][ours:] == wanted["env"]
     for field in ("envFrom", "volumeMounts", "securityContext"):
         assert container[field] == wanted[field], field
     assert container["image"] == Settings.from_env({}).worker_image
@@ -122,7 +123,8 @@ def test_the_jobs_settings_merge_over_the_operators_defaults():
     assert pod["volumes"] == [{"name": "cache", "emptyDir": {"medium": "Memory"}}]  # by name, merged
     (container,) = pod["containers"]
     assert [(e["name"], e.get("value")) for e in container["env"]] == [
-        (contract.DATABASE_URL_ENV, None), ("HF_HOME", "/cache"), ("TZ", "UTC")]  # by name, in place
+        (contract.DATABASE_URL_ENV, None), (contract.SOURCE_DATABASE_URL_ENV, ""), (contract.FAULT_INJECTION_ENV, ""),
+        ("HF_HOME", "/cache"), ("TZ", "UTC")]  # by name, in place
     assert container["envFrom"] == [{"configMapRef": {"name": "proxy"}}, {"secretRef": {"name": "s3"}}]  # appended
     assert container["volumeMounts"] == [{"name": "cache", "mountPath": "/cache", "readOnly": True}]  # by mountPath
     # the head: the operator's default resources replace ours whole (no 2Gi memory limit left under them)

@@ -70,7 +70,8 @@ def test_the_query_quotes_every_identifier_and_binds_every_value():
         {"column": "deleted_at", "op": "isNull"}, {"column": "pep", "op": "ge", "value": "3"}]))
     query, params = table_query(source)
     assert query.as_string(None) == ('SELECT "id"::text, "body" FROM "Sales"."docs" WHERE "pep" IN (%s, %s) AND '
-                                     '"Lang" <> %s AND "deleted_at" IS NULL AND "pep" >= %s ORDER BY "id"')
+                                     '"Lang" <> %s AND "deleted_at" IS NULL AND "pep" >= %s '
+                                     'ORDER BY "id", "body"::text COLLATE "C"')
     assert params == ["1", "8", hostile_value, "3"]
 
 
@@ -122,6 +123,7 @@ def test_a_source_database_reaches_the_pods_only_from_its_secret():
         assert group["template"]["spec"]["containers"][0]["env"] == [
             {"name": "EMBEDJOB_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "embedjob-db", "key": "url"}}},
             {"name": "EMBEDJOB_SOURCE_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "cms-db", "key": "dsn"}}},
+            {"name": "EMBEDJOB_FAULT_INJECTION", "value": ""},
         ]
 
 

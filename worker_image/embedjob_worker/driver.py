@@ -29,7 +29,7 @@ from embedjob.contract import (
 
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.core.errors import RayUnreachable, Unreachable
-from embedjob_worker.core.logs import configure_logging, log_event, mask_url
+from embedjob_worker.core.logs import configure_logging, log_event, mask_secrets, mask_url
 from embedjob_worker.core.metrics import DriverMetrics
 from embedjob_worker.run.job import DriverOptions, run_job
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                   else JobConfig.from_manifest(decode_job_config(args.config_b64)))
     except (SpecError, OSError) as exc:
         log_event(log, "invalid_config", logging.ERROR, error=str(exc))
-        print(f"invalid job config: {exc}", file=sys.stderr)
+        print(f"invalid job config: {mask_secrets(str(exc))}", file=sys.stderr)
         return ExitCode.INVALID_CONFIG
     if not database_url:
         print(f"invalid job config: {DATABASE_URL_ENV} is not set", file=sys.stderr)
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = run_job(config, database_url, options)
     except Unreachable as exc:
         log_event(log, "unreachable", logging.ERROR, error=str(exc))
-        print(str(exc), file=sys.stderr)
+        print(mask_secrets(str(exc)), file=sys.stderr)
         return unreachable_exit_code(exc)
     return ExitCode.SUCCEEDED if summary.state == "succeeded" else ExitCode.JOB_FAILED
 

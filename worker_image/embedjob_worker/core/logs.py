@@ -1,4 +1,4 @@
-"""Structured logs (key=value lines) that never contain the database URL."""
+"""Structured logs (key=value lines) that never contain a database password, and the masking of error texts."""
 
 from __future__ import annotations
 
@@ -6,18 +6,65 @@ import logging
 import re
 import sys
 from collections.abc import Callable
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-_PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]+:)[^@\s]+@")
+_MASK = "***"
+# The connection parameters that hold a password (libpq's keywords), in a URL's query or a key=value DSN.
+_PASSWORD_KEYS = ("password", "sslpassword")
+# Any URL's userinfo password, up to the netloc's last `@` (a password may hold an unescaped `@`).
+_PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]+:)[^/\s]*@")
+# `password=...` or `sslpassword=...` in a URL's query or a libpq key=value DSN (quoted or not).
+_PASSWORD_PARAM = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]+)", re.IGNORECASE)
+# What configure_logging was told to keep secret: mask_secrets masks these in error texts too.
+_registered_secrets: list[str] = []
 
 
 def mask_url(url: str) -> str:
-    """postgresql://user:secret@host/db -> postgresql://user:***@host/db"""
+    """A database URL (or libpq key=value DSN) with every password masked, found by parsing: the
+    userinfo's (postgresql://user:***@host/db) and the query's password and sslpassword."""
+    if "://" not in url:
+        return _PASSWORD_PARAM.sub(rf"\1{_MASK}", url)
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, _, hostinfo = netloc.rpartition("@")
+        netloc = f"{userinfo.partition(':')[0]}:{_MASK}@{hostinfo}"
+    query = "&".join(f"{key}={_MASK}" if key.lower() in _PASSWORD_KEYS else param
+                     for param in parts.query.split("&") for key in [param.partition("=")[0]]) if parts.query else ""
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def url_passwords(url: str) -> list[str]:
+    """The passwords in a database URL as written and decoded (userinfo, query), and each part of one that
+    follows an unescaped `@`, which libpq reads as part of the host (and prints in its errors)."""
+    if "://" not in url:
+        return [value.strip("'") for _, value in _PASSWORD_PARAM.findall(url)]
+    parts = urlsplit(url)
+    found = [parts.password] if parts.password else []
+    found += [param.partition("=")[2] for param in parts.query.split("&")
+              if param.partition("=")[0].lower() in _PASSWORD_KEYS]
+    found += [unquote(password) for password in found]
+    found += [password.split("@", cut)[-1] + "@"
+              for password in list(found) for cut in range(1, password.count("@") + 1)]
+    return [password for password in found if password]
+
+
+def mask_text(text: str, secrets: list[str]) -> str:
+    """`text` with each secret URL masked (mask_url), each of their passwords (url_passwords) replaced, and any
+    other URL or DSN password masked."""
+    replacements = {secret: mask_url(secret) for secret in secrets if secret}
+    for secret in secrets:
+        replacements |= {password: f"{_MASK}@" if password.endswith("@") else _MASK
+                         for password in url_passwords(secret or "")}
+    for clear in sorted(replacements, key=len, reverse=True):  # a whole URL before the passwords in it
+        text = text.replace(clear, replacements[clear])
+    return _PASSWORD_PARAM.sub(rf"\1{_MASK}", _PASSWORD_IN_URL.sub(rf"\1{_MASK}@", text))
+
+
+def mask_secrets(text: str) -> str:
+    """`text` masked (mask_text) for the secrets configure_logging was given: for an error text before it is
+    printed or stored."""
+    return mask_text(text, _registered_secrets)
 
 
 def _quote(value: object) -> str:
@@ -33,25 +80,24 @@ class KeyValueFormatter(logging.Formatter):
                   "logger": record.name, "event": record.getMessage()}
         fields.update(getattr(record, "fields", {}))
         line = " ".join(f"{k}={_quote(v)}" for k, v in fields.items())
-        if record.exc_info:
-            line += " exc=" + _quote(self.formatException(record.exc_info))
+        if record.exc_info or record.exc_text:  # exc_text: masked by SecretMaskingFilter
+            line += " exc=" + _quote(record.exc_text or self.formatException(record.exc_info))
         return line
 
 
 class SecretMaskingFilter(logging.Filter):
-    """Defence in depth: masks the given secrets and any URL password in every record."""
+    """Masks the given secrets and any URL or DSN password (mask_text) in every record, its traceback too."""
 
     def __init__(self, secrets: list[str]):
         super().__init__()
         self.secrets = [s for s in secrets if s]
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        fields = getattr(record, "fields", {})
-        for secret in self.secrets:
-            message = message.replace(secret, mask_url(secret))
-        record.msg, record.args = _PASSWORD_IN_URL.sub(r"\1***@", message), ()
-        record.fields = {k: _PASSWORD_IN_URL.sub(r"\1***@", str(v)) for k, v in fields.items()}
+        record.msg, record.args = mask_text(record.getMessage(), self.secrets), ()
+        record.fields = {k: mask_text(str(v), self.secrets) for k, v in getattr(record, "fields", {}).items()}
+        if record.exc_info:  # an exception's text may hold the URL: formatted and masked here, once
+            record.exc_text = mask_text(logging.Formatter().formatException(record.exc_info), self.secrets)
+            record.exc_info = None
         return True
 
 
@@ -75,6 +121,7 @@ def configure_logging(secrets: list[str], level: int = logging.INFO,
     handler = LineHandler(write) if write else logging.StreamHandler(sys.stderr)
     handler.setFormatter(KeyValueFormatter())
     handler.addFilter(SecretMaskingFilter(secrets))
+    _registered_secrets[:] = [secret for secret in secrets if secret]
     root = logging.getLogger("embedjob_worker")
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from embedjob.api import EmbeddingJobSpec, RunCounters
 
 from embedjob_worker.core.errors import DB_ERRORS, JobFailed, Unreachable, retry_database
-from embedjob_worker.core.logs import log_event
+from embedjob_worker.core.logs import log_event, mask_secrets
 from embedjob_worker.core.tally import RunSummary, RunTally
 from embedjob_worker.sink.runs import JobRuns, RunSession
 from embedjob_worker.sink.vector_index import ensure_index, metric_for
@@ -19,8 +19,8 @@ log = logging.getLogger("embedjob_worker.run.end")
 
 def refused(summary: RunSummary, failure: JobFailed) -> RunSummary:
     """The job cannot start a run: no run row is written, the summary says why."""
-    log_event(log, "job_refused", logging.ERROR, reason=failure.reason, error=str(failure))
-    summary.state, summary.reason, summary.error = "failed", failure.reason, str(failure)
+    summary.state, summary.reason, summary.error = "failed", failure.reason, mask_secrets(str(failure))
+    log_event(log, "job_refused", logging.ERROR, reason=failure.reason, error=summary.error)
     return summary
 
 
@@ -54,7 +54,7 @@ def finish_run(runs: JobRuns, run: RunSession, failure: JobFailed | None, tally:
     summary.batches_skipped = tally.batches_skipped
     summary.records_truncated += tally.truncated_skipped  # the run's, not only this session's
     summary.reason = failure.reason if failure else None
-    summary.error = str(failure) if failure else None
+    summary.error = mask_secrets(str(failure)) if failure else None  # printed by `embedjob run`, stored
     summary.elapsed_seconds = elapsed_s
     try:
         row = retry_database(lambda: runs.finish(run, state, summary.reason, summary.error, update), "finish_run")

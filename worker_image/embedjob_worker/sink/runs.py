@@ -17,6 +17,7 @@ from embedjob import db
 
 from embedjob_worker.core.config import identity_changes
 from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.core.logs import mask_secrets
 from embedjob_worker.core.outcome import ADDED_COUNTERS, KEPT_ON_RESUME, CounterUpdate, DoneBatch
 from embedjob_worker.sink.target import SinkTarget
 from embedjob_worker.source.snapshot import describe_input
@@ -130,7 +131,7 @@ class JobRuns:
             revision=request.revision, input_fingerprint=request.input_fingerprint,
             config_fingerprint=request.config_fingerprint, identity=request.identity, input=request.input_record,
             state="failed" if reason else "running", driver_session=session,
-            reason=reason, error=error, finished_at=sa.func.now() if reason else None))
+            reason=reason, error=error and mask_secrets(error), finished_at=sa.func.now() if reason else None))
         return run_id
 
     def succeeded_batches(self) -> dict[str, DoneBatch]:
@@ -154,7 +155,7 @@ class JobRuns:
             conn.execute(db.seen_ids.delete().where(db.seen_ids.c.run_id == run.run_id))
             row = update_run(conn, run, {
                 **{name: db.runs.c[name] + count for name, count in update.add.items() if count}, **update.set,
-                "state": state, "reason": reason, "error": error, "finished_at": sa.func.now()})
+                "state": state, "reason": reason, "error": error and mask_secrets(error), "finished_at": sa.func.now()})
         return dict(row._mapping)
 
 

@@ -13,6 +13,7 @@ import logging
 import time
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from embedjob import db
 
@@ -27,6 +28,8 @@ _COLUMNS_SQL = sa.text("SELECT attname FROM pg_attribute WHERE attrelid = to_reg
 _OWNED_SQL = sa.text("SELECT pg_has_role(relowner, 'USAGE'), current_user FROM pg_class WHERE oid = to_regclass(:t)")
 _PRIMARY_KEY_SQL = sa.text("SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(:t) AND contype = 'p'")
 CHUNK_COLUMNS = ("chunk", "char_start", "char_end")
+# The constraint's name is whatever the table's owner gave it: quoted as an identifier, `"` doubled.
+_quote_identifier = postgresql.dialect().identifier_preparer.quote_identifier
 
 
 def upgrade_statements(table: str, primary_key: str) -> list[str]:
@@ -36,7 +39,7 @@ def upgrade_statements(table: str, primary_key: str) -> list[str]:
         " ADD COLUMN char_start integer NOT NULL DEFAULT 0, ADD COLUMN char_end integer",
         f'UPDATE "{table}" SET char_end = char_length(text)',
         f'ALTER TABLE "{table}" ALTER COLUMN chunk DROP DEFAULT, ALTER COLUMN char_start DROP DEFAULT,'
-        f' ALTER COLUMN char_end SET NOT NULL, DROP CONSTRAINT "{primary_key}",'
+        f" ALTER COLUMN char_end SET NOT NULL, DROP CONSTRAINT {_quote_identifier(primary_key)},"
         " ADD PRIMARY KEY (collection, record_id, chunk, model, revision)",
     ]
 

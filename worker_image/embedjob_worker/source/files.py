@@ -1,9 +1,9 @@
 """Streaming readers for the job's input: JSONL, CSV and Parquet, local or via fsspec (a table: table_source).
 
-Nothing here loads a whole file: JSONL and CSV are read line by line, Parquet batch by
-batch (pyarrow `iter_batches`), and a line over MAX_RECORD_BYTES is skipped in bounded
-pieces and recorded as oversized. Bytes that are not UTF-8 are kept (surrogateescape) so
-that the record is still identified and rejected as `invalid_utf8`, not the whole file.
+Nothing here loads a whole file: JSONL is read line by line, CSV record by record (split
+quote-aware by csv_records), Parquet batch by batch (pyarrow `iter_batches`), and a line or
+CSV record over MAX_RECORD_BYTES is skipped in bounded pieces and recorded as oversized.
+Bytes that are not UTF-8 are kept (surrogateescape) so that the record is still identified and rejected as `invalid_utf8`, not the whole file.
 A record the reader cannot parse (deep nesting, a cut-off compressed stream) is a bad
 record with a reason; the records around it are read as usual.
 """
@@ -23,6 +23,7 @@ import fsspec
 from embedjob.api import Source
 
 from embedjob_worker.core.records import MAX_RECORD_BYTES, BadReason, RawRecord
+from embedjob_worker.source.csv_records import SkippedCsvRecord, csv_records
 
 _PARQUET_BATCH_ROWS = 4096
 _BOM = "\ufeff"
@@ -133,51 +134,53 @@ def _jsonl_record(position: int, line: str, id_field: str, text_field: str) -> R
     return RawRecord(position, obj.get(id_field), obj.get(text_field))
 
 
-def _csv_lines(text: IO[str], skipped: list[OversizedLine]) -> Iterator[str]:
-    """The CSV's physical lines; an oversized one becomes a line the parser rejects as an
-    over-long field (and is noted in `skipped`), so it costs one record, not the file."""
-    for line in bounded_lines(text):
-        if isinstance(line, OversizedLine):
-            skipped.append(line)
-            line = '"' + "x" * (MAX_RECORD_BYTES + 1) + "\n"
-        yield line
-
-
 def _read_csv(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
     # A cell may be as large as a record may be (the csv module's default stops at 128 KiB).
     csv.field_size_limit(MAX_RECORD_BYTES)
     with fsspec.open(uri, "rb", compression="infer") as raw:
         # utf-8-sig: a BOM is not part of the first column's name.
         text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
-        skipped: list[OversizedLine] = []
-        rows = csv.reader(_csv_lines(text, skipped))
+        # Whole records, split quote-aware: one over the limit is skipped to its real end.
+        records = csv_records(text, MAX_RECORD_BYTES)
         try:
-            header = next(rows, None)
-        except (csv.Error, *_CUT_OFF_STREAM) as exc:
+            header = next(records, None)
+        except _CUT_OFF_STREAM as exc:
             raise ValueError(f"the CSV header cannot be read: {exc}") from None
         if header is None:
             return
+        header = _csv_row(header)
+        if isinstance(header, SkippedCsvRecord):
+            raise ValueError(f"the CSV header cannot be read: {header.detail}")
         position = 0
         while True:
             try:
-                row = next(rows, None)
-            except csv.Error as exc:
-                detail = skipped.pop().detail if skipped else f"not a CSV row: {exc}"
-                yield RawRecord(position, None, None, BadReason.oversized_record if "field larger" in str(exc)
-                                else BadReason.malformed_record, detail[:200])
-                position += 1
-                continue
+                record = next(records, None)
             except _CUT_OFF_STREAM:
                 yield RawRecord(position, None, None, BadReason.malformed_record, _CUT_OFF_DETAIL)
                 return
-            if row is None:
+            if record is None:
                 return
+            row = _csv_row(record)
+            if isinstance(row, SkippedCsvRecord):
+                yield RawRecord(position, None, None, row.reason, row.detail[:200])
+                position += 1
+                continue
             if not row:  # a blank line is no record (as csv.DictReader has it)
                 continue
             cells = dict(zip(header, row))
             # A cell missing from a short row is None: the CSV form of null.
             yield RawRecord(position, cells.get(id_field), cells.get(text_field))
             position += 1
+
+
+def _csv_row(record: str | SkippedCsvRecord) -> list[str] | SkippedCsvRecord:
+    """The cells of one whole CSV record (csv_records has found where it ends), or why it is no row."""
+    if isinstance(record, SkippedCsvRecord):
+        return record
+    try:
+        return next(csv.reader((record,)), [])
+    except csv.Error as exc:
+        return SkippedCsvRecord(BadReason.malformed_record, f"not a CSV row: {exc}")
 
 
 def _read_parquet(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:

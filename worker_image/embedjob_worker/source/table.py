@@ -1,4 +1,4 @@
-"""The table source: a PostgreSQL table or view read in id order through a server-side cursor.
+"""The table source: a PostgreSQL table or view read in id order (ties by text) through a server-side cursor.
 
 The query is composed with psycopg.sql: every identifier is checked against
 SOURCE_IDENTIFIER again here (the driver trusts no config it did not parse itself) and
@@ -77,11 +77,13 @@ def _condition(index: int, condition: TableFilter) -> tuple[sql.Composable, list
 
 
 def table_query(table: SourceTable) -> tuple[sql.Composed, list[str]]:
-    """SELECT id::text, text FROM schema.name [WHERE filter] ORDER BY id, and its parameters."""
-    id_column = _identifier(table.id_column, "idColumn")
+    """SELECT id::text, text FROM schema.name [WHERE filter] ORDER BY id, text::text COLLATE "C", and its
+    parameters. The text breaks ties between equal ids, so which of them is read first (and wins) is the same
+    on every read, whatever the rows' physical order: the smallest text in byte order, NULL last (a view has
+    no ctid; rows of equal id and text are the same record)."""
+    id_column, text_column = _identifier(table.id_column, "idColumn"), _identifier(table.text_column, "textColumn")
     query = sql.SQL("SELECT {}::text, {} FROM {}.{}").format(
-        id_column, _identifier(table.text_column, "textColumn"), _identifier(table.table_schema, "schema"),
-        _identifier(table.name, "name"))
+        id_column, text_column, _identifier(table.table_schema, "schema"), _identifier(table.name, "name"))
     params: list[str] = []
     if table.filter:
         conditions = []
@@ -90,7 +92,7 @@ def table_query(table: SourceTable) -> tuple[sql.Composed, list[str]]:
             conditions.append(clause)
             params += values
         query += sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
-    return query + sql.SQL(" ORDER BY {}").format(id_column), params
+    return query + sql.SQL(' ORDER BY {}, {}::text COLLATE "C"').format(id_column, text_column), params
 
 
 def check_table(table: SourceTable) -> None:
