@@ -86,6 +86,15 @@ def refused_once_enforced(kube, namespace: str, spec: dict, what: str) -> str:
     return wait_until(what, refused, timeout=60)
 
 
+def stored_once_enforced(kube, namespace: str, name: str, spec: dict, what: str) -> dict:
+    """The job `name` of `spec`, stored once the API server enforces params that admit it."""
+    def stored():
+        return get_json(kube, "ej", name, "-n", namespace) if apply(kube, namespace, name, spec).returncode == 0 \
+            else None
+
+    return wait_until(what, stored, timeout=60)
+
+
 def refused_by_policy(kube, namespace: str, policy: str) -> str:
     return refused_once_enforced(kube, namespace, workers({"volumes": [{"name": "probe", "hostPath": {"path": "/"}}]}),
                                  f"ValidatingAdmissionPolicy {policy} enforced")
@@ -165,6 +174,22 @@ def test_a_job_stored_before_the_policy_was_tightened_can_still_be_labelled_fina
         kube.kubectl("apply", "-f", "-", input=json.dumps(params))
 
 
+def test_a_path_prefix_allows_the_repositories_under_it_and_no_look_alike(kube, namespace, pod_policy):
+    name, params = pod_policy
+    # the admin's list as a person might edit the ConfigMap: a space after the comma
+    set_params(kube, name, {**params["data"], "allowedImagePrefixes": f"registry.example/team/, {WORKER_REPOSITORY}"})
+    try:
+        stored_once_enforced(kube, namespace, "team", {"workers": {"image": "registry.example/team/embed:1"}},
+                             "the new prefixes")
+        stored = apply(kube, namespace, "worker", {"workers": {"image": f"{WORKER_REPOSITORY}:3"}})
+        assert stored.returncode == 0, stored.stderr
+        for look_alike in ("registry.example/team-evil/embed:1", "registry.example/team/", "registry.example/team"):
+            res = apply(kube, namespace, "look-alike", {"workers": {"image": look_alike}})
+            assert res.returncode != 0 and "spec.workers.image" in res.stderr, (look_alike, res.stderr)
+    finally:
+        kube.kubectl("apply", "-f", "-", input=json.dumps(params))
+
+
 def test_restricted_pod_security_refuses_the_pods_of_a_job_the_policy_was_opened_for(kube, namespace, pod_policy):
     name, params = pod_policy
     opened = {**params["data"], "allowAddedCapabilities": "true"}
@@ -178,13 +203,7 @@ def test_restricted_pod_security_refuses_the_pods_of_a_job_the_policy_was_opened
 def opened_pod_refused_by_pod_security(kube, namespace: str, opened: dict[str, str]) -> None:
     kube.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     spec = worker_container(securityContext={"capabilities": {"add": ["SYS_ADMIN"]}})
-
-    def stored():
-        if apply(kube, namespace, "opened", spec).returncode == 0:
-            return get_json(kube, "ej", "opened", "-n", namespace)
-        return None
-
-    job = wait_until("the job the opened policy admits", stored, timeout=60)
+    job = stored_once_enforced(kube, namespace, "opened", spec, "the job the opened policy admits")
     settings = Settings.from_env({"EMBEDJOB_WORKER_IMAGE": f"{WORKER_REPOSITORY}:1.0",
                                   "EMBEDJOB_POD_POLICY": json.dumps(opened)})
     parsed = api.parse_spec(merged(MINIMAL_SPEC, spec))
