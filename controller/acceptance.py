@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from embedjob import api
 from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV
+from embedjob.pod_policy import PodPolicy, violations
 
 # Schemes the driver reads through fsspec; a plain path is a file in the worker image
 # or on a volume mounted into it.
@@ -185,6 +186,12 @@ def check_shared_cluster(spec: api.EmbeddingJobSpec, raycluster: dict[str, Any] 
     return None
 
 
+def check_pod_policy(spec: api.EmbeddingJobSpec, policy: PodPolicy) -> Verdict | None:
+    """The pod policy, for clusters without its admission policy (which refuses the same at apply time)."""
+    found = violations(spec, policy)
+    return _reject("PodPolicyViolation", "; ".join(found)) if found else None
+
+
 def parse(spec: dict[str, Any]) -> api.EmbeddingJobSpec | Verdict:
     """The parsed spec, or an `InvalidSpec` rejection naming the fields."""
     try:
@@ -199,8 +206,9 @@ def review_without_cluster(spec: api.EmbeddingJobSpec) -> Verdict | None:
 
 
 def review(spec: api.EmbeddingJobSpec, secret: dict[str, Any] | None,
-           raycluster: dict[str, Any] | None = None) -> Verdict:
-    """Review a parsed spec, its database Secret (None: the Secret does not exist) and, for a
-    job with spec.clusterSelector, the RayCluster it selects (None: it does not exist)."""
-    return (review_without_cluster(spec) or check_secret(spec.sink, secret)
+           raycluster: dict[str, Any] | None = None, policy: PodPolicy = PodPolicy()) -> Verdict:
+    """Review a parsed spec, its database Secret (None: the Secret does not exist), for a
+    job with spec.clusterSelector the RayCluster it selects (None: it does not exist), and its
+    pod settings against the pod policy (the restrictive one unless given)."""
+    return (review_without_cluster(spec) or check_pod_policy(spec, policy) or check_secret(spec.sink, secret)
             or check_shared_cluster(spec, raycluster) or ACCEPTED)

@@ -86,7 +86,8 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
         secret = await ctx.kube.read_secret(meta["namespace"], parsed.sink.database_secret_ref.name)
         shared = acceptance.selected_cluster(parsed)
         raycluster = await ctx.kube.get_raycluster(meta["namespace"], shared) if shared else None
-        verdict = queueing.refusal(parsed, ctx.settings) or acceptance.review(parsed, secret, raycluster)
+        verdict = (queueing.refusal(parsed, ctx.settings)
+                   or acceptance.review(parsed, secret, raycluster, ctx.settings.pod_policy))
         if not verdict.accepted:
             return verdict
         if not status.accepted(job.get("status") or {}) and not await accept(job):

@@ -18,9 +18,12 @@ from pydantic import ValidationError
 
 from embedjob.api import DNS_LABEL, PodDefaults, SpecError
 from embedjob.contract import DATABASE_URL_ENV, POOL_LEASE_EXPIRY_SECONDS
+from embedjob.pod_policy import PodPolicy, PodPolicyError, repository
 
 POD_DEFAULTS_ENV = "EMBEDJOB_POD_DEFAULTS"
 POD_DEFAULTS_FILE_ENV = "EMBEDJOB_POD_DEFAULTS_FILE"
+# The pod policy's parameters as JSON: the data of the chart's pod-policy ConfigMap (embedjob.pod_policy).
+POD_POLICY_ENV = "EMBEDJOB_POD_POLICY"
 
 
 class SettingsError(ValueError):
@@ -57,6 +60,7 @@ class Settings:
     pool_lease_expiry_seconds: float  # a lease whose heartbeat is older is no longer live
     pod_defaults: PodDefaults = field(default_factory=PodDefaults)  # merged under each job's pod settings
     default_queue_name: str | None = None  # the Kueue LocalQueue of jobs that name none (docs/kueue.md)
+    pod_policy: PodPolicy = field(default_factory=PodPolicy)  # what a job's pod settings may ask for
 
     @property
     def clusterwide(self) -> bool:
@@ -87,9 +91,11 @@ class Settings:
             raise SettingsError(f"EMBEDJOB_DEFAULT_QUEUE_NAME={default_queue!r} is not a LocalQueue name "
                                 "(a DNS label: lowercase letters, digits and '-', at most 63 characters)")
         namespaces = tuple(ns.strip() for ns in env.get("EMBEDJOB_WATCH_NAMESPACES", "").split(",") if ns.strip())
+        worker_image = text("EMBEDJOB_WORKER_IMAGE", DEFAULT_WORKER_IMAGE)
+        pod_defaults = pod_defaults_from_env(env)
         return cls(
             watch_namespaces=namespaces,
-            worker_image=text("EMBEDJOB_WORKER_IMAGE", DEFAULT_WORKER_IMAGE),
+            worker_image=worker_image,
             ray_version=text("EMBEDJOB_RAY_VERSION", DEFAULT_RAY_VERSION),
             database_url=env.get(DATABASE_URL_ENV, "").strip() or None,
             health_port=number("EMBEDJOB_HEALTH_PORT", 8080, 1, int),
@@ -102,9 +108,27 @@ class Settings:
             pool_sweep_seconds=number("EMBEDJOB_POOL_SWEEP_SECONDS", 60.0, 0.1),
             # Drivers heartbeat every HEARTBEAT_S; a minute of silence is a dead driver, not a slow one.
             pool_lease_expiry_seconds=number("EMBEDJOB_POOL_LEASE_EXPIRY_SECONDS", POOL_LEASE_EXPIRY_SECONDS, 1),
-            pod_defaults=pod_defaults_from_env(env),
+            pod_defaults=pod_defaults,
             default_queue_name=default_queue,
+            pod_policy=pod_policy_from_env(env, worker_image, pod_defaults),
         )
+
+
+def pod_policy_from_env(env: Mapping[str, str], worker_image: str, pod_defaults: PodDefaults) -> PodPolicy:
+    """EMBEDJOB_POD_POLICY; unset, the restrictive default the chart renders too: the worker image's
+    repository, and no ServiceAccount but the namespace's default and the one of the operator's pod defaults."""
+    text = env.get(POD_POLICY_ENV, "").strip()
+    if not text:
+        accounts = tuple(dict.fromkeys(
+            template.spec.service_account_name for template in (pod_defaults.head, pod_defaults.workers)
+            if template and template.spec and template.spec.service_account_name))
+        return PodPolicy(allowed_image_prefixes=(repository(worker_image),), allowed_service_accounts=accounts)
+    try:
+        return PodPolicy.from_data(yaml.safe_load(text), POD_POLICY_ENV)
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{POD_POLICY_ENV}: not JSON: {exc}") from None
+    except PodPolicyError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def pod_defaults_from_env(env: Mapping[str, str]) -> PodDefaults:

@@ -44,7 +44,7 @@ def test_helm_install_creates_every_object(kube, namespace):
     expected = {identity(o) for o in objects}
     assert {kind for kind, _, _ in expected} == {
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment",
-        "NetworkPolicy"}
+        "NetworkPolicy", "ConfigMap", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     found = json.loads(kube.kubectl("get", "-f", "-", "-o", "json", input=yaml.safe_dump_all(objects)).stdout)
     assert {identity(o) for o in found["items"]} == expected
     kube.kubectl("get", "crd", "embeddingjobs.embedjob.dev")
@@ -135,12 +135,17 @@ def test_cluster_wide_serviceaccount_can_do_what_the_operator_needs_and_no_more(
 
     jobs_namespace, _ = jobs_namespaces
     kubeconfig = chart_serviceaccount_kubeconfig(kube, namespace, install(kube, namespace))
-    namespaced, cluster = accesses(permissions.NAMESPACED_RULES), accesses(permissions.CLUSTER_RULES)
-    expected = {(a, jobs_namespace): True for a in namespaced}
-    expected |= {(a, None): True for a in namespaced | cluster}
-    expected |= {(a, jobs_namespace): False for a in FORBIDDEN_SAMPLE - namespaced}
-    expected |= {(a, None): False for a in FORBIDDEN_CLUSTER_SAMPLE - namespaced - cluster}
-    assert_access(kube, kubeconfig, expected)
+    try:
+        namespaced, cluster = accesses(permissions.NAMESPACED_RULES), accesses(permissions.CLUSTER_RULES)
+        expected = {(a, jobs_namespace): True for a in namespaced}
+        expected |= {(a, None): True for a in namespaced | cluster}
+        expected |= {(a, jobs_namespace): False for a in FORBIDDEN_SAMPLE - namespaced}
+        expected |= {(a, None): False for a in FORBIDDEN_CLUSTER_SAMPLE - namespaced - cluster}
+        assert_access(kube, kubeconfig, expected)
+    finally:
+        # A cluster-wide release's pod policy binds every namespace, and denies every job once its params
+        # ConfigMap goes with this namespace: the later tests of the session must not inherit it.
+        helm("uninstall", RELEASE, "--namespace", namespace, "--no-hooks", kubeconfig=kube.kubeconfig)
 
 
 def test_namespaced_serviceaccount_can_do_what_the_operator_needs_in_watched_namespaces_only(

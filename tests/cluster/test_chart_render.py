@@ -4,6 +4,8 @@ controller image's user = the chart's securityContext."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from support.chart import (
@@ -49,7 +51,8 @@ def test_helm_lint(values):
 def test_default_render():
     objects = render_chart()
     assert sorted(o["kind"] for o in objects) == sorted(
-        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"])
+        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment", "ConfigMap",
+         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"])
     deployment = the(objects, "Deployment")
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
@@ -185,11 +188,56 @@ def test_rayjobs_run_the_chart_worker_image_with_its_ray_version():
         ({"worker": {"rayVersion": "latest"}}, "at '/worker/rayVersion'"),
         ({"logFormat": "xml"}, "at '/logFormat'"),
         ({"replicas": 1}, "additional properties 'replicas' not allowed"),
+        ({"podPolicy": {"allowHostPath": "yes"}}, "at '/podPolicy/allowHostPath': got string, want boolean"),
+        ({"podPolicy": {"allowedImagePrefixes": ["a.example/x,b.example/"]}}, "at '/podPolicy/allowedImagePrefixes/0'"),
+        ({"podPolicy": {"allowPrivileged": True}}, "additional properties 'allowPrivileged' not allowed"),
     ],
     ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
 )
 def test_invalid_values_are_refused_by_the_schema(values, message):
     assert_refused(helm("template", RELEASE, str(CHART), *values_args(values), check=False), message)
+
+
+# ---------------------------------------------------------------- pod policy
+def pod_policy_objects(values: dict | None) -> tuple[dict, dict, list[dict], list[dict]]:
+    """(the params ConfigMap, the operator's env, the ValidatingAdmissionPolicies, their bindings) rendered."""
+    objects = render_chart(values)
+    return (the(objects, "ConfigMap"), container_env(objects), by_kind(objects, "ValidatingAdmissionPolicy"),
+            by_kind(objects, "ValidatingAdmissionPolicyBinding"))
+
+
+def test_the_default_pod_policy_is_the_restrictive_one_for_the_admission_policy_and_the_operator():
+    from controller.settings import Settings
+    from embedjob import pod_policy
+
+    params, env, (policy,), (binding,) = pod_policy_objects(None)
+    assert json.loads(env["EMBEDJOB_POD_POLICY"]["value"]) == params["data"]
+    assert Settings.from_env({"EMBEDJOB_POD_POLICY": env["EMBEDJOB_POD_POLICY"]["value"]}).pod_policy == \
+        pod_policy.PodPolicy(allowed_image_prefixes=("ghcr.io/embedjob/embedjob-worker",))
+    assert policy["spec"]["validations"] == pod_policy.admission_validations()
+    assert policy["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["paramRef"] == {"name": params["metadata"]["name"], "namespace": RELEASE_NAMESPACE,
+                                           "parameterNotFoundAction": "Deny"}
+    assert "matchResources" not in binding["spec"]  # cluster-wide, as the operator
+
+
+def test_the_admin_opens_the_pod_policy_in_the_values():
+    from controller.settings import Settings
+    from embedjob.pod_policy import PodPolicy
+
+    values = {"watchNamespaces": ["team-a"], "podDefaults": {"workers": {"spec": {"serviceAccountName": "ray-runner"}}},
+              "podPolicy": {"allowedImagePrefixes": ["registry.example/ml/"], "allowedServiceAccounts": ["embedder"],
+                            "allowHostPath": True}}
+    params, env, _, (binding,) = pod_policy_objects(values)
+    opened = PodPolicy(("registry.example/ml/",), ("embedder", "ray-runner"), allow_host_path=True)
+    assert Settings.from_env({"EMBEDJOB_POD_POLICY": env["EMBEDJOB_POD_POLICY"]["value"]}).pod_policy == opened
+    assert json.loads(env["EMBEDJOB_POD_POLICY"]["value"]) == params["data"]
+    assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}]
+    _, _, policies, bindings = pod_policy_objects({"podPolicy": {"admissionPolicy": False}})
+    assert policies == bindings == []  # the operator's review alone
 
 
 # ---------------------------------------------------------------------- RBAC

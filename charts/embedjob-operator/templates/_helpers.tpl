@@ -70,3 +70,26 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/* The pod policy's parameters (embedjob/pod_policy.py): the ConfigMap's data, which is the admission policy's
+params and the operator's EMBEDJOB_POD_POLICY alike. Unset lists default to the worker image's repository and to
+the ServiceAccounts podDefaults names. */}}
+{{- define "embedjob-operator.podPolicyData" -}}
+{{- $policy := .Values.podPolicy -}}
+{{- $accounts := list -}}
+{{- range $policy.allowedServiceAccounts }}{{ $accounts = append $accounts . }}{{ end -}}
+{{- range (list .Values.podDefaults.head .Values.podDefaults.workers) }}
+{{- with (dig "spec" "serviceAccountName" "" (. | default dict)) }}{{ $accounts = append $accounts . }}{{ end -}}
+{{- end -}}
+{{- $prefixes := $policy.allowedImagePrefixes | default (list .Values.worker.image.repository) -}}
+{{- $data := dict "allowedImagePrefixes" (join "," $prefixes) "allowedServiceAccounts" (join "," (uniq $accounts)) -}}
+{{- range $key, $value := $policy }}
+{{- if and (hasPrefix "allow" $key) (kindIs "bool" $value) }}{{ $_ := set $data $key (toString $value) }}{{ end -}}
+{{- end -}}
+{{- toJson $data -}}
+{{- end -}}
+
+{{/* Cluster-scoped, so its name carries the release namespace. */}}
+{{- define "embedjob-operator.podPolicyName" -}}
+{{- printf "%s-pod-policy" (include "embedjob-operator.rbacName" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
