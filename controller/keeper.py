@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterable, Mapping
 from kubernetes.client.exceptions import ApiException
 
 from . import events, metrics, status
-from .acceptance import ACCEPTED, Verdict
+from .acceptance import REVIEWED, Verdict
 from .kube import CONFLICT
 from .reconcile import Context, job_ref, observe, own_rayjob
 
@@ -102,7 +102,7 @@ class StatusKeeper:
                 self._ctx.pool_released(job["spec"])
 
     async def accept(self, job: dict[str, Any]) -> bool:
-        """Write Accepted=True for the version of the job just reviewed, guarded by its
+        """Write Accepted=True (ReviewPassed) for the version of the job just reviewed, guarded by its
         resourceVersion. A conflict caused by a write that left the spec alone (the same
         generation: a status or metadata write, often the operator's own) is retried on the
         stored version; False when the spec has changed since, so the reviewed spec is not the
@@ -111,7 +111,7 @@ class StatusKeeper:
         async with self._locks.setdefault(meta["uid"], asyncio.Lock()):
             current = self._written.get(meta["uid"], job.get("status") or {})
             generation = meta.get("generation") or 0
-            desired = status.desired_status(current, await observe(job, current, None, ACCEPTED, generation, self._ctx))
+            desired = status.desired_status(current, await observe(job, current, None, REVIEWED, generation, self._ctx))
             version = meta["resourceVersion"]
             for _ in range(ACCEPT_ATTEMPTS):
                 try:
@@ -127,9 +127,8 @@ class StatusKeeper:
                 version = fresh["resourceVersion"]
             else:
                 return False
-            self._verdicts[meta["uid"]], self._written[meta["uid"]] = (ACCEPTED, generation), stored
-            for change in events.transitions(current, desired):
-                self._emit(job, change)
+            # No Event: the create's outcome is announced instead (RayJobCreated, or RayJobCreateRefused)
+            self._verdicts[meta["uid"]], self._written[meta["uid"]] = (REVIEWED, generation), stored
             return True
 
     def _post_event(self, job: dict[str, Any], change: events.Transition) -> None:
