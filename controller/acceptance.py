@@ -36,6 +36,8 @@ class Verdict:
 
 
 ACCEPTED = Verdict(True, "RayJobCreated", "the RayJob was created")
+# Written (Accepted=True pins the spec) just before the create, whose outcome is the next verdict.
+REVIEWED = Verdict(True, "ReviewPassed", "the review passed; the RayJob is being created")
 
 
 def _reject(reason: str, message: str) -> Verdict:

@@ -1,7 +1,7 @@
 """Which changes of an EmbeddingJob's status become Kubernetes Events (pure functions).
 
-An Event for each condition that became True, for a new reason to refuse the job, and for a
-new reason why its pods cannot start; the Warning ones are the refusals, failures and stuck pods.
+An Event for each condition that became True, for each new status or reason of Accepted (a
+refusal, the RayJob created), and for a new reason why its pods cannot start; the Warning ones are the refusals, failures and stuck pods.
 """
 
 from __future__ import annotations
@@ -34,15 +34,16 @@ def stuck(type_: str, status_: str, reason: str) -> bool:
 
 
 def transitions(current: dict[str, Any], desired: dict[str, Any]) -> list[Transition]:
-    """Conditions that became True, and a new reason to refuse the job or why its pods cannot
-    start: one Event each."""
+    """Conditions that became True, a new status or reason of Accepted (so RayJobCreated after
+    ReviewPassed, and each refusal), and a new reason why its pods cannot start: one Event each."""
     out = []
     for cond in desired.get("conditions", []):
         old = find_condition(current, cond["type"]) or {}
         became_true = cond["status"] == "True" and old.get("status") != "True"
         new_reason = (old.get("status"), old.get("reason")) != ("False", cond["reason"])
-        refused_anew = (cond["type"], cond["status"]) == ("Accepted", "False") and new_reason
+        accepted_anew = cond["type"] == "Accepted" and cond["status"] != "Unknown" and (
+            old.get("status"), old.get("reason")) != (cond["status"], cond["reason"])
         stuck_anew = stuck(cond["type"], cond["status"], cond["reason"]) and new_reason
-        if became_true or refused_anew or stuck_anew:
+        if became_true or accepted_anew or stuck_anew:
             out.append(Transition(cond["type"], cond["status"], cond["reason"], cond["message"]))
     return out

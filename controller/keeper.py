@@ -9,8 +9,8 @@ from typing import Any, Callable, Iterable, Mapping
 from kubernetes.client.exceptions import ApiException
 
 from . import events, metrics, status
-from .acceptance import ACCEPTED, Verdict
-from .kube import CONFLICT
+from .acceptance import REVIEWED, Verdict
+from .kube import CONFLICT, FORBIDDEN
 from .reconcile import Context, job_ref, observe, own_rayjob
 
 log = logging.getLogger("controller.keeper")
@@ -87,12 +87,22 @@ class StatusKeeper:
             current = self._written.get(uid, job.get("status") or {})
             watched = self._rayjobs.get((job["metadata"]["namespace"], uid), ())
             rayjob = own_rayjob([*watched, *([created] if created else [])], job["metadata"])
-            with metrics.reconcile("status"):
-                # observedGeneration names a reviewed generation only: an edit not reviewed yet is not observed
-                verdict, reviewed = self._verdicts.get(uid, (None, None))
-                generation = reviewed or current.get("observedGeneration") or job["metadata"].get("generation") or 0
-                obs = await observe(job, current, rayjob, verdict, generation, self._ctx)
-                stored, changes = await sync_status(job, current, obs, self._ctx)
+            namespace = job["metadata"]["namespace"]
+            # A RayJob gone with its namespace did not end the job: the cleanup releases it, unreported.
+            if rayjob is None and current.get("rayJobName") and await self._ctx.kube.namespace_terminating(namespace):
+                return
+            try:
+                with metrics.reconcile("status"):
+                    # observedGeneration names a reviewed generation only: an edit not reviewed yet is not observed
+                    verdict, reviewed = self._verdicts.get(uid, (None, None))
+                    generation = reviewed or current.get("observedGeneration") or job["metadata"].get("generation") or 0
+                    obs = await observe(job, current, rayjob, verdict, generation, self._ctx)
+                    stored, changes = await sync_status(job, current, obs, self._ctx)
+            except ApiException as exc:
+                # with watchNamespaces, the namespace controller may delete the RoleBinding before the job
+                if exc.status == FORBIDDEN and await self._ctx.kube.namespace_terminating(namespace):
+                    return
+                raise
             self._written[uid] = stored
             for change in changes:
                 self._emit(job, change)
@@ -102,7 +112,7 @@ class StatusKeeper:
                 self._ctx.pool_released(job["spec"])
 
     async def accept(self, job: dict[str, Any]) -> bool:
-        """Write Accepted=True for the version of the job just reviewed, guarded by its
+        """Write Accepted=True (ReviewPassed) for the version of the job just reviewed, guarded by its
         resourceVersion. A conflict caused by a write that left the spec alone (the same
         generation: a status or metadata write, often the operator's own) is retried on the
         stored version; False when the spec has changed since, so the reviewed spec is not the
@@ -111,7 +121,7 @@ class StatusKeeper:
         async with self._locks.setdefault(meta["uid"], asyncio.Lock()):
             current = self._written.get(meta["uid"], job.get("status") or {})
             generation = meta.get("generation") or 0
-            desired = status.desired_status(current, await observe(job, current, None, ACCEPTED, generation, self._ctx))
+            desired = status.desired_status(current, await observe(job, current, None, REVIEWED, generation, self._ctx))
             version = meta["resourceVersion"]
             for _ in range(ACCEPT_ATTEMPTS):
                 try:
@@ -127,9 +137,8 @@ class StatusKeeper:
                 version = fresh["resourceVersion"]
             else:
                 return False
-            self._verdicts[meta["uid"]], self._written[meta["uid"]] = (ACCEPTED, generation), stored
-            for change in events.transitions(current, desired):
-                self._emit(job, change)
+            # No Event: the create's outcome is announced instead (RayJobCreated, or RayJobCreateRefused)
+            self._verdicts[meta["uid"]], self._written[meta["uid"]] = (REVIEWED, generation), stored
             return True
 
     def _post_event(self, job: dict[str, Any], change: events.Transition) -> None:

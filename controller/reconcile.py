@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable
@@ -68,11 +69,13 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
                  created: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> Verdict:
     """Review the job and make sure its one RayJob exists, suspended as the spec says.
 
-    The job is marked accepted (`accept`, guarded by the reviewed resourceVersion) before
+    The job is marked accepted (reason ReviewPassed) (`accept`, guarded by the reviewed resourceVersion) before
     the RayJob is created: from then on the API server refuses spec edits, so the RayJob
     always runs the spec that `observedGeneration` names. An edit that came first raises
     SpecChanged, and the new version is reviewed instead. `created(rayjob)` is told of the
-    RayJob as soon as it exists (the status records its name)."""
+    RayJob as soon as it exists (the status records its name, and says RayJobCreated from then on).
+    A create the API server refuses (a ResourceQuota, an admission policy) is a refusal,
+    RayJobCreateRefused with the API server's message: reviewed again like any refused job."""
     meta, spec = job["metadata"], job["spec"]
     if status.is_final(job.get("status") or {}):
         return ACCEPTED
@@ -92,7 +95,11 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
             return verdict
         if not status.accepted(job.get("status") or {}) and not await accept(job):
             raise SpecChanged(f"generation {meta.get('generation')} was edited during its review")
-        rayjob = await ctx.kube.create_or_get_rayjob(build_rayjob(job, parsed, ctx.settings))
+        manifest = build_rayjob(job, parsed, ctx.settings)
+        try:
+            rayjob = await ctx.kube.create_or_get_rayjob(manifest)
+        except ApiException as exc:  # a quota, an admission policy, RBAC: the job must not read as created
+            return create_refused(manifest["metadata"]["name"], exc)
         if not owned_by(rayjob, meta):
             return Verdict(False, "RayJobConflict",
                            f"RayJob {rayjob['metadata']['name']!r} exists and is not owned by this job")
@@ -104,6 +111,17 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
         await ctx.kube.set_rayjob_suspend(meta["namespace"], rayjob["metadata"]["name"], rayjob["metadata"]["uid"],
                                           bool(spec.get("suspend")))
     return ACCEPTED
+
+
+def create_refused(name: str, exc: ApiException) -> Verdict:
+    """The API server's refusal to create the RayJob, with its own message (e.g. the quota's)."""
+    try:
+        message = json.loads(exc.body or "")["message"]
+    except (ValueError, TypeError, KeyError):
+        message = exc.body or ""
+    detail = f": {message}" if message else ""
+    return Verdict(False, "RayJobCreateRefused",
+                   f"the API server refused to create RayJob {name!r} ({exc.status} {exc.reason}){detail}")
 
 
 def _now() -> str:
@@ -175,11 +193,15 @@ CLEANUP_POLL_SECONDS = 1.0
 async def cleanup(job: dict[str, Any], ctx: Context) -> bool:
     """Delete the job's RayJob (no garbage collector is relied on) and wait until it is
     gone; False when it is still there after EMBEDJOB_CLEANUP_TIMEOUT_SECONDS. A RayJob of
-    that name that the job does not own is never touched: the delete carries the owned one's uid."""
+    that name that the job does not own is never touched: the delete carries the owned one's uid.
+    In a namespace being deleted nothing is asked of the RayJob: the namespace controller deletes it,
+    and may already have deleted the RoleBinding that grants the operator its RayJob calls."""
     meta = job["metadata"]
     ctx.job_states.forget(meta["uid"])
     ctx.pool_released(job["spec"])
     namespace = meta["namespace"]
+    if await ctx.kube.namespace_terminating(namespace):
+        return True
     name = (job.get("status") or {}).get("rayJobName") or rayjob_name(meta["name"], meta["uid"])
     deadline = time.monotonic() + ctx.settings.cleanup_timeout_seconds
     while (rayjob := await ctx.kube.get_rayjob(namespace, name)) is not None and owned_by(rayjob, meta):

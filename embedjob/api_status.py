@@ -62,8 +62,9 @@ class EmbeddingJobStatus(ApiModel):
         default_factory=list,
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-        description="The job's conditions, one of each type: Accepted (the review passed and the RayJob was "
-        "created), Running, Complete, Failed, Suspended, and Queued for a job in a Kueue queue; each with a "
+        description="The job's conditions, one of each type: Accepted (True: the review passed, reason "
+        "RayJobCreated once the RayJob exists; False: the reason the review or the RayJob's creation was "
+        "refused), Running, Complete, Failed, Suspended, and Queued for a job in a Kueue queue; each with a "
         "reason and a message.",
     )
     ray_job_name: str | None = Field(None, description="The RayJob the operator created for this job (same "

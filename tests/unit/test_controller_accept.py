@@ -72,8 +72,10 @@ def test_a_status_write_in_between_is_not_an_edit_the_acceptance_is_retried_on_t
     assert accepted
     [(patch, version)] = kube.patches
     assert version == "7"  # the version stored after the two writes, read again
-    assert any(c["type"] == "Accepted" and c["status"] == "True" for c in patch["conditions"]), patch
-    assert emitted
+    accepted_condition = next(c for c in patch["conditions"] if c["type"] == "Accepted")
+    # the spec is pinned, but nothing says "created" before the RayJob exists (issue 26 item 8)
+    assert (accepted_condition["status"], accepted_condition["reason"]) == ("True", "ReviewPassed"), patch
+    assert emitted == []  # the create's outcome is what is announced
 
 
 def test_a_spec_edit_in_between_refuses_the_acceptance_of_the_old_version():
@@ -104,3 +106,48 @@ def test_the_created_rayjobs_name_is_in_the_status_before_the_watch_has_seen_it(
     [(accepted, _), (named, _)] = kube.patches
     assert "rayJobName" not in accepted  # the acceptance comes before the RayJob exists
     assert named["rayJobName"] == reconcile.rayjob_name("pep", "u-1")
+
+
+QUOTA_REFUSAL = ('{"kind":"Status","status":"Failure","message":"rayjobs.ray.io \\"ej-pep-1\\" is forbidden: '
+                 'exceeded quota: no-rayjobs, requested: count/rayjobs.ray.io=1, used: count/rayjobs.ray.io=0, '
+                 'limited: count/rayjobs.ray.io=0","reason":"Forbidden","code":403}')
+
+
+class RefusingKube(StandInKube):
+    """The API server refuses the RayJob's create, as a ResourceQuota does."""
+
+    async def create_or_get_rayjob(self, manifest):
+        raise ApiException(status=403, reason="Forbidden", body=QUOTA_REFUSAL)
+
+
+def launch_and_sync(kube) -> list:
+    """A review as the handler runs it: launch, note its verdict, sync a refusal; the Events announced."""
+    ctx = Context(settings=Settings.from_env({}), kube=kube, runs=None, job_states=JobStates())
+    emitted = []
+    keeper = StatusKeeper(ctx, emit=lambda job, change: emitted.append(change))
+    keeper.attach({"u-1": [{**job(), "spec": {"suspend": False}}]}, {})
+
+    async def review():
+        verdict = await reconcile.launch(job(), [], ctx, keeper.accept, lambda rj: keeper.sync("u-1", created=rj))
+        keeper.note_verdict("u-1", verdict, 1)
+        if not verdict.accepted:
+            await keeper.sync("u-1")
+    asyncio.run(review())
+    return emitted
+
+
+def test_a_refused_create_is_a_warning_naming_the_api_servers_message_never_created():
+    """Issue 26 item 8: the quota's refusal is the status and a Warning; nothing says RayJobCreated."""
+    kube = RefusingKube()
+    [refused] = launch_and_sync(kube)
+    assert (refused.type, refused.status, refused.reason, refused.warning) == (
+        "Accepted", "False", "RayJobCreateRefused", True)
+    assert "exceeded quota: no-rayjobs" in refused.message and "403 Forbidden" in refused.message
+    last = kube.patches[-1][0]
+    assert last["reason"] == "RayJobCreateRefused" and "rayJobName" not in last
+
+
+def test_rayjob_created_is_announced_once_the_rayjob_exists():
+    [created] = launch_and_sync(StandInKube())
+    assert (created.type, created.status, created.reason, created.warning) == (
+        "Accepted", "True", "RayJobCreated", False)
