@@ -255,8 +255,8 @@ LOCK_TIMEOUT_S = 60
 def create_engine(url: str | sa.URL, **kwargs) -> sa.Engine:
     """An engine (psycopg 3) whose sessions have connect, statement and lock timeouts."""
     options = f"-c statement_timeout={STATEMENT_TIMEOUT_S * 1000} -c lock_timeout={LOCK_TIMEOUT_S * 1000}"
-    return sa.create_engine(engine_url(url), connect_args={"connect_timeout": CONNECT_TIMEOUT_S,
-                                                           "options": options}, **kwargs)
+    connect_args = {"connect_timeout": CONNECT_TIMEOUT_S, "options": options, **kwargs.pop("connect_args", {})}
+    return sa.create_engine(engine_url(url), connect_args=connect_args, **kwargs)
 
 
 class SchemaBehind(Exception):

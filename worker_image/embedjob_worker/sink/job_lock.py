@@ -2,11 +2,17 @@
 
 A second driver of the job waits for it up to a limit, then refuses (JobAlreadyRunning) and
 writes nothing. The connection holds no transaction open: the lock belongs to its session.
+A session can end without the driver noticing (a failover, idle_session_timeout, a NAT
+dropping the idle connection), and with it the lock: the connection has TCP keepalives and
+a thread checks every `check_every_s` that its session still holds the lock; once it does
+not, `failure` says so (JobLockLost) and the driver stops. Its writes are fenced by its
+driver session anyway (runs.update_run), so one that races the check writes nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import sqlalchemy as sa
@@ -18,19 +24,33 @@ from embedjob_worker.core.logs import log_event
 
 log = logging.getLogger("embedjob_worker.sink.job_lock")
 _POLL_S = 1.0
+# How often the lock's session is asked whether it still holds the lock.
+CHECK_EVERY_S = 10.0
+# A dead peer of the idle lock connection is found within about 30 + 3 × 10 seconds.
+_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+# Whether this session holds the job's lock (pg_locks shows a two-key advisory lock as classid, objid, objsubid 2).
+_HELD_SQL = sa.text("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+                    f" AND granted AND objsubid = 2 AND classid = {db.JOB_LOCK}::oid"
+                    " AND objid = hashtext(:name)::oid)")
 
 
 class JobLock:
-    """The job's advisory lock, held by the session of its connection until `release`."""
+    """The job's advisory lock, held by the session of its connection until `release`, checked while held."""
 
-    def __init__(self, connection: sa.Connection):
-        self._connection = connection
+    def __init__(self, engine: sa.Engine, connection: sa.Connection, job_key: str, check_every_s: float):
+        self._engine, self._connection, self.job_key = engine, connection, job_key
+        self._lost: JobFailed | None = None
+        self._stop = threading.Event()
+        self._checker = threading.Thread(target=self._check, args=(check_every_s,), name="embedjob-job-lock",
+                                         daemon=True)
+        self._checker.start()
 
     @classmethod
-    def take(cls, engine: sa.Engine, job_key: str, wait_s: float) -> JobLock:
-        """The lock of job `job_key`: a second driver of the job waits up to `wait_s` for the first to finish,
-        then refuses (JobAlreadyRunning)."""
-        conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")  # no transaction held open
+    def take(cls, engine: sa.Engine, job_key: str, wait_s: float, check_every_s: float = CHECK_EVERY_S) -> JobLock:
+        """The lock of job `job_key` (on a connection of its own to `engine`'s database): a second driver of the
+        job waits up to `wait_s` for the first to finish, then refuses (JobAlreadyRunning)."""
+        lock_engine = db.create_engine(engine.url, poolclass=sa.pool.NullPool, connect_args=_KEEPALIVES)
+        conn = lock_engine.connect().execution_options(isolation_level="AUTOCOMMIT")  # no transaction held open
         try_lock = db.advisory_lock_sql("pg_try_advisory_lock", db.JOB_LOCK)
         deadline, next_log = time.monotonic() + wait_s, 0.0
         while not conn.execute(try_lock, {"name": job_key}).scalar_one():
@@ -39,6 +59,7 @@ class JobLock:
                                       .where(db.runs.c.job_key == job_key, db.runs.c.state == "running")
                                       .order_by(db.runs.c.started_at.desc()).limit(1)).first()
                 conn.close()
+                lock_engine.dispose()
                 raise JobFailed("JobAlreadyRunning", f"another driver of job {job_key} holds its lock"
                                 + (f" (run {holder.run_id}, heartbeat at {holder.heartbeat_at:%Y-%m-%dT%H:%M:%SZ})"
                                    if holder else "") + f"; waited {wait_s:.0f}s. This driver writes nothing")
@@ -46,8 +67,28 @@ class JobLock:
                 log_event(log, "waiting_for_job_lock", job=job_key, wait_s=round(deadline - time.monotonic()))
                 next_log = time.monotonic() + 30.0
             time.sleep(_POLL_S)
-        return cls(conn)
+        return cls(lock_engine, conn, job_key, check_every_s)
+
+    def failure(self) -> JobFailed | None:
+        """JobLockLost once a check found the lock gone (another driver may hold it and resume the run), else None."""
+        return self._lost
+
+    def _check(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            try:
+                why = None if self._connection.execute(_HELD_SQL, {"name": self.job_key}).scalar_one() else (
+                    "its session no longer holds it")
+            except sa.exc.SQLAlchemyError as exc:  # the session is gone, and the lock with it
+                why = f"its connection failed: {str(exc).strip().splitlines()[0]}"
+            if why is not None:
+                self._lost = JobFailed("JobLockLost", f"the lock of job {self.job_key} was lost ({why}); another "
+                                                      "driver may resume the run: this driver writes nothing more")
+                log_event(log, "job_lock_lost", logging.ERROR, job=self.job_key, error=why)
+                return
 
     def release(self) -> None:
+        self._stop.set()
+        self._checker.join()
         self._connection.invalidate()  # really closes the session, and with it the lock (no pool reuse)
         self._connection.close()
+        self._engine.dispose()

@@ -1,0 +1,93 @@
+"""A driver superseded after its job lock was lost, on a real PostgreSQL."""
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from support.polling import wait_until
+from support.sink import OpenJob, open_job
+from support.sql import query
+from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
+from embedjob_worker.core.records import Record
+from embedjob_worker.core.tally import RunTally
+from embedjob_worker.sink.copy_data import content_salt
+from embedjob_worker.sink.incremental import delete_missing, forget_seen_ids
+from embedjob_worker.sink.job_lock import JobLock
+from embedjob_worker.sink.runs import RunRequest
+from embedjob_worker.sink.seen_ids import SeenIds
+from embedjob_worker.sink.target import SinkTarget
+from embedjob_worker.sink.writer import SinkWriter
+
+DIM = 4
+JOB = "local/default/locktest"
+TARGET = SinkTarget(JOB, "c1", "vectors", content_salt(True, None))
+RUN = RunRequest("m", "r1", "in", "cfg")
+
+
+def open_driver(url: str) -> OpenJob:
+    """One driver's engine, runs and sink (each driver of the job has its own)."""
+    return open_job(url, TARGET, "locktest", "default", dim=DIM)
+
+
+def outcome(batch_id: str, ids: list[str]) -> BatchOutcome:
+    records = tuple(Record(i, rid, f"text of {rid}") for i, rid in enumerate(ids))
+    vectors = np.random.default_rng(0).standard_normal((len(records), DIM)).astype(np.float32)
+    return BatchOutcome(batch_id, "succeeded", records, [AttemptRow(1, "w", "succeeded", None, now())], now(),
+                        vectors=vectors, worker="w", duration_s=0.1)
+
+
+def terminate_lock_backend(url: str) -> None:
+    """What a failover, idle_session_timeout or a NAT dropping the idle connection does to the lock's session."""
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        pids = conn.execute(sa.text("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted")).scalars().all()
+        assert len(pids) == 1
+        conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pids[0]})
+    engine.dispose()
+
+
+def test_a_driver_superseded_after_its_lock_was_lost_deletes_nothing_and_stops(database_url):
+    """The issue's reproduction: 3 vectors written, the lock's backend terminated, a second driver resumes the run
+    (clearing its seen ids), then the first reaches delete_missing."""
+    first = open_driver(database_url)
+    first_lock = JobLock.take(first.engine, JOB, 5.0, check_every_s=0.2)
+    run = first.runs.start(RUN, new_run=False).run
+    first.sink.write(run, [outcome("b1", ["x", "y", "z"])], [])
+    SeenIds(first.engine, run).first_occurrences([("x", 0), ("y", 1), ("z", 2)])
+    assert first_lock.failure() is None
+
+    terminate_lock_backend(database_url)
+    lost = wait_until("the first driver finds its lock lost", first_lock.failure, timeout=30)
+    assert lost.reason == "JobLockLost" and JOB in str(lost)
+    writer = SinkWriter(first.sink, run, RunTally(), first_lock.failure)  # the driver's writer stops on it
+    writer.put_outcome(outcome("b2", ["v"]))
+    writer.close()
+    assert writer.failure() is lost
+    assert query(database_url, "SELECT count(*) FROM vectors WHERE record_id = 'v'") == [(0,)]
+    second = open_driver(database_url)
+    second_lock = JobLock.take(second.engine, JOB, 5.0)  # free now
+    resumed = second.runs.start(RUN, new_run=False)
+    assert resumed.resumed and resumed.run.run_id == run.run_id
+    forget_seen_ids(second.engine, resumed.run)
+
+    # Whatever the first driver still does (it raced its lock check) is fenced: nothing deleted, nothing claimed.
+    for superseded_write in (lambda: delete_missing(first.engine, "vectors", "c1", run),
+                             lambda: SeenIds(first.engine, run).first_occurrences([("w", 3)]),
+                             lambda: forget_seen_ids(first.engine, run)):
+        with pytest.raises(JobFailed) as superseded:
+            superseded_write()
+        assert superseded.value.reason == "DriverSuperseded"
+    assert query(database_url, "SELECT record_id FROM vectors ORDER BY 1") == [("x",), ("y",), ("z",)]
+    assert query(database_url, "SELECT count(*) FROM embedjob_seen_ids") == [(0,)]
+
+    # The second driver's own sync deletes what its source no longer has, and only that.
+    SeenIds(second.engine, resumed.run).first_occurrences([("x", 0), ("z", 1)])
+    assert delete_missing(second.engine, "vectors", "c1", resumed.run) == 1
+    assert query(database_url, "SELECT record_id FROM vectors ORDER BY 1") == [("x",), ("z",)]
+    assert second_lock.failure() is None
+    second_lock.release()
+    first_lock.release()
+    first.close()
+    second.close()
+
