@@ -1,4 +1,4 @@
-"""A driver superseded after its job lock was lost, on a real PostgreSQL."""
+"""A driver superseded after its job lock was lost, and a write whose commit reply was lost, on a real PostgreSQL."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from support.polling import wait_until
 from support.sink import OpenJob, open_job
 from support.sql import query
-from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.core.errors import JobFailed, retry_database
 from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.core.records import Record
 from embedjob_worker.core.tally import RunTally
@@ -91,3 +91,42 @@ def test_a_driver_superseded_after_its_lock_was_lost_deletes_nothing_and_stops(d
     first.close()
     second.close()
 
+
+def lose_commit_replies(engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, commits: int) -> None:
+    """The next `commits` commits on `engine` land in PostgreSQL, then the connection breaks before their reply
+    reaches the driver (as a failover or a dropped connection right after COMMIT does)."""
+    dialect, lost = engine.dialect, iter(range(commits))
+    real_commit = dialect.do_commit
+
+    def commit(dbapi_connection):
+        real_commit(dbapi_connection)
+        if next(lost, None) is not None:  # the session ends right after its commit: the driver sees an error
+            dbapi_connection.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    monkeypatch.setattr(dialect, "do_commit", commit)
+
+
+def test_a_write_retried_after_its_commit_reply_was_lost_counts_everything_once(database_url, monkeypatch):
+    """One batch of 2 records and 2 records rejected before embedding: the group's commit lands, its reply is lost,
+    the writer retries; then the run's end loses its reply too."""
+    job = open_driver(database_url)
+    run = job.runs.start(RUN, new_run=False).run
+    tally = RunTally()
+    tally.rejected(2)
+    lose_commit_replies(job.engine, monkeypatch, 1)
+    writer = SinkWriter(job.sink, run, tally)
+    writer.put_outcome(outcome("b1", ["x", "y"]))
+    writer.close()
+    assert writer.error is None
+    # the commit that landed holds the batch; the retry found it written and wrote nothing of it again
+    assert query(database_url, "SELECT outcome FROM embedjob_batch_attempts") == [("succeeded",)]
+
+    assert query(database_url, "SELECT batches_succeeded, records_embedded, records_failed FROM embedjob_runs") == [
+        (1, 2, 2)]
+    counted = tally.counters()  # what the driver judges the run by (NothingEmbedded) and reports
+    assert (counted.batches_succeeded, counted.records_embedded, counted.records_failed) == (1, 2, 2)
+    lose_commit_replies(job.engine, monkeypatch, 1)
+    row = retry_database(lambda: job.runs.finish(run, "succeeded", None, None, tally.driver_update()), "finish")
+    assert (row["batches_succeeded"], row["records_embedded"], row["records_failed"]) == (1, 2, 2)
+    assert query(database_url, "SELECT record_id FROM vectors ORDER BY 1") == [("x",), ("y",)]
+    job.close()

@@ -39,7 +39,7 @@ def note_write_retry(outcomes: list[BatchOutcome], reason: str) -> None:
 
 def write_group(sink: PostgresSink, run: RunSession, outcomes: list[BatchOutcome], bad_records: list[BadRecord],
                 update: CounterUpdate | None = None) -> list[BatchOutcome]:
-    """One group in one transaction (sink.write), retried while the database is lost; the outcomes written."""
+    """One group in one transaction (sink.write), retried while the database is lost; the outcomes committed."""
     return retry_database(lambda: sink.write(run, outcomes, bad_records, update), "sink_write",
                           lambda exc: note_write_retry(outcomes, f"DatabaseWriteFailed: {exc}"))
 
@@ -160,6 +160,4 @@ class SinkWriter(UncommittedBatches):
         if (lost := self.lock_lost()) is not None:  # checked at least every HEARTBEAT_S
             raise lost
         update = self.tally.driver_update(outcomes)
-        written = write_group(self.sink, self.run, outcomes, bad_records, update)
-        self.tally.reported(update)
-        self.tally.commit(written)
+        self.tally.commit(write_group(self.sink, self.run, outcomes, bad_records, update))
