@@ -169,8 +169,8 @@ class JobRuns:
         update = update or CounterUpdate()
         with self.engine.begin() as conn:
             conn.execute(db.seen_ids.delete().where(db.seen_ids.c.run_id == run.run_id))
-            row = update_run(conn, run, {
-                **counter_values({}, update.driver), **update.set, "state": state, "reason": reason, "error": error, "finished_at": sa.func.now()})
+            row = update_run(conn, run, {**counter_values({}, update.driver), **update.set, "state": state,
+                                         "reason": reason, "error": error, "finished_at": sa.func.now()})
         return dict(row._mapping)
 
 
