@@ -37,7 +37,11 @@ def outcome(batch_id: str, ids: list[str]) -> BatchOutcome:
                         vectors=vectors, worker="w", duration_s=0.1)
 
 
-def terminate_lock_backend(url: str) -> None:
+def lock_holders(url: str) -> list[int]:
+    return [pid for pid, in query(url, "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted")]
+
+
+def terminate_lock_backend(url: str) -> int:
     """What a failover, idle_session_timeout or a NAT dropping the idle connection does to the lock's session."""
     engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
@@ -45,28 +49,29 @@ def terminate_lock_backend(url: str) -> None:
         assert len(pids) == 1
         conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pids[0]})
     engine.dispose()
+    return pids[0]
 
 
 def test_a_driver_superseded_after_its_lock_was_lost_deletes_nothing_and_stops(database_url):
     """The issue's reproduction: 3 vectors written, the lock's backend terminated, a second driver resumes the run
     (clearing its seen ids), then the first reaches delete_missing."""
     first = open_driver(database_url)
-    first_lock = JobLock.take(first.engine, JOB, 5.0, check_every_s=0.2)
+    first_lock = JobLock.take(first.engine, JOB, 5.0, check_every_s=3600)  # checked below, when the test says
     run = first.runs.start(RUN, new_run=False).run
     first.sink.write(run, [outcome("b1", ["x", "y", "z"])], [])
     SeenIds(first.engine, run).first_occurrences([("x", 0), ("y", 1), ("z", 2)])
-    assert first_lock.failure() is None
+    assert first_lock.check() is None
 
     terminate_lock_backend(database_url)
-    lost = wait_until("the first driver finds its lock lost", first_lock.failure, timeout=30)
-    assert lost.reason == "JobLockLost" and JOB in str(lost)
+    second = open_driver(database_url)
+    second_lock = JobLock.take(second.engine, JOB, 5.0)  # free now: the first driver has not checked yet
+    lost = first_lock.check()
+    assert lost is first_lock.failure() and lost.reason == "JobLockLost" and JOB in str(lost)
     writer = SinkWriter(first.sink, run, RunTally(), first_lock.failure)  # the driver's writer stops on it
     writer.put_outcome(outcome("b2", ["v"]))
     writer.close()
     assert writer.failure() is lost
     assert query(database_url, "SELECT count(*) FROM vectors WHERE record_id = 'v'") == [(0,)]
-    second = open_driver(database_url)
-    second_lock = JobLock.take(second.engine, JOB, 5.0)  # free now
     resumed = second.runs.start(RUN, new_run=False)
     assert resumed.resumed and resumed.run.run_id == run.run_id
     forget_seen_ids(second.engine, resumed.run)
@@ -85,11 +90,27 @@ def test_a_driver_superseded_after_its_lock_was_lost_deletes_nothing_and_stops(d
     SeenIds(second.engine, resumed.run).first_occurrences([("x", 0), ("z", 1)])
     assert delete_missing(second.engine, "vectors", "c1", resumed.run) == 1
     assert query(database_url, "SELECT record_id FROM vectors ORDER BY 1") == [("x",), ("z",)]
-    assert second_lock.failure() is None
+    assert second_lock.check() is None
     second_lock.release()
     first_lock.release()
     first.close()
     second.close()
+
+
+def test_a_lock_whose_session_ended_is_taken_again_when_no_other_driver_holds_it(database_url):
+    """A PostgreSQL restart or failover ends the lock's session with nobody else waiting: the driver goes on."""
+    driver = open_driver(database_url)
+    lock = JobLock.take(driver.engine, JOB, 5.0, check_every_s=0.2)
+    ended = terminate_lock_backend(database_url)
+
+    def taken_again() -> list[int]:
+        holders = lock_holders(database_url)
+        return holders if holders and ended not in holders else []
+
+    assert len(wait_until("the lock taken again by a new session", taken_again, timeout=30)) == 1
+    assert lock.failure() is None
+    lock.release()
+    driver.close()
 
 
 def lose_commit_replies(engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, commits: int) -> None:

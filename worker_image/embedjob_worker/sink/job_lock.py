@@ -5,8 +5,10 @@ writes nothing. The connection holds no transaction open: the lock belongs to it
 A session can end without the driver noticing (a failover, idle_session_timeout, a NAT
 dropping the idle connection), and with it the lock: the connection has TCP keepalives and
 a thread checks every `check_every_s` that its session still holds the lock; once it does
-not, `failure` says so (JobLockLost) and the driver stops. Its writes are fenced by its
-driver session anyway (runs.update_run), so one that races the check writes nothing.
+not, the lock is taken again on a new connection (a PostgreSQL restart is ridden out), unless
+another driver holds it now: then `failure` says so (JobLockLost) and the driver stops. Its
+writes are fenced by its driver session anyway (runs.update_run), so one that races the
+check writes nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sqlalchemy as sa
 
 from embedjob import db
 
-from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.core.errors import DATABASE_OUTAGE_S, JobFailed
 from embedjob_worker.core.logs import log_event
 
 log = logging.getLogger("embedjob_worker.sink.job_lock")
@@ -70,20 +72,51 @@ class JobLock:
         return cls(lock_engine, conn, job_key, check_every_s)
 
     def failure(self) -> JobFailed | None:
-        """JobLockLost once a check found the lock gone (another driver may hold it and resume the run), else None."""
+        """JobLockLost once a check found the lock gone to another driver (which may resume the run), else None."""
         return self._lost
+
+    def check(self) -> JobFailed | None:
+        """Whether the lock's session still holds it; if its session ended (a restart, a failover), the lock is
+        taken again on a new connection unless another driver holds it now (JobLockLost, and `failure` says so)."""
+        try:
+            if self._connection.execute(_HELD_SQL, {"name": self.job_key}).scalar_one():
+                return None
+            why = "its session no longer holds it"
+        except sa.exc.SQLAlchemyError as exc:  # the session is gone, and the lock with it
+            why = f"its connection failed: {str(exc).strip().splitlines()[0]}"
+        log_event(log, "job_lock_session_lost", logging.WARNING, job=self.job_key, error=why)
+        if self._retake():
+            log_event(log, "job_lock_retaken", job=self.job_key)
+            return None
+        self._lost = JobFailed("JobLockLost", f"the lock of job {self.job_key} was lost ({why}) and another driver "
+                                              "holds it: it may resume the run, so this driver writes nothing more")
+        log_event(log, "job_lock_lost", logging.ERROR, job=self.job_key, error=why)
+        return self._lost
+
+    def _retake(self) -> bool:
+        """The lock again on a new connection, retried while the database is away (as long as a write is); False
+        once another session holds it. Writes in the gap are fenced by the driver session all the same."""
+        deadline = time.monotonic() + DATABASE_OUTAGE_S
+        while not self._stop.is_set():
+            try:
+                conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+                if not conn.execute(db.advisory_lock_sql("pg_try_advisory_lock", db.JOB_LOCK),
+                                    {"name": self.job_key}).scalar_one():
+                    conn.close()
+                    return False
+            except sa.exc.SQLAlchemyError:
+                if time.monotonic() >= deadline:
+                    return False
+                self._stop.wait(_POLL_S)
+                continue
+            self._connection.invalidate()
+            self._connection = conn
+            return True
+        return False
 
     def _check(self, every_s: float) -> None:
         while not self._stop.wait(every_s):
-            try:
-                why = None if self._connection.execute(_HELD_SQL, {"name": self.job_key}).scalar_one() else (
-                    "its session no longer holds it")
-            except sa.exc.SQLAlchemyError as exc:  # the session is gone, and the lock with it
-                why = f"its connection failed: {str(exc).strip().splitlines()[0]}"
-            if why is not None:
-                self._lost = JobFailed("JobLockLost", f"the lock of job {self.job_key} was lost ({why}); another "
-                                                      "driver may resume the run: this driver writes nothing more")
-                log_event(log, "job_lock_lost", logging.ERROR, job=self.job_key, error=why)
+            if self.check() is not None:
                 return
 
     def release(self) -> None:
