@@ -92,7 +92,7 @@ def stage_round(path: Path, records: int, dim: int, batch_size: int) -> dict[str
             figures = {}
             figures["read"], raw = cpu_per_record(records, lambda: list(read_records(str(path), "jsonl", "id", "text")))
             figures["check"], checked = cpu_per_record(
-                records, lambda: list(classify_records(raw, SeenIds(sink.engine, run.run_id))))
+                records, lambda: list(classify_records(raw, SeenIds(sink.engine, run))))
             valid = [r for r in checked if isinstance(r, Record)]
             stored = StoredHashes(sink.engine, "embeddings", "bench", "m", "r", target.salt)
 

@@ -77,7 +77,7 @@ def stream(path: str) -> None:
             run = JobRuns(engine, target, "memory", "bench").start(RunRequest("m", "r", "input", "config"),
                                                                    new_run=False).run
             batches = sum(1 for _ in batches_to_embed(FeedPlan(spec, path, "bench"),
-                                                       FeedSkips(SeenIds(engine, run.run_id)), RunTally(),
+                                                       FeedSkips(SeenIds(engine, run)), RunTally(),
                                                        DriverMetrics(), lambda bad: None))
             engine.dispose()
         finally:

@@ -89,6 +89,10 @@ runs = sa.Table(
     # The driver session that owns the run (migration 0010): set by each start or resume; a group
     # write of another session (a dead driver's writer actor) updates no row and rolls back.
     sa.Column("driver_session", sa.String(36)),
+    # That session's own counts (batches done before, records up to date, bad records) as the counters above
+    # hold them (migration 0011): a driver write adds only its counts beyond these, so a write retried after
+    # its commit reply was lost adds nothing twice. Cleared by a resume, which recounts them.
+    sa.Column("driver_counts", postgresql.JSONB),
     _ts("started_at", nullable=False, server_default=sa.func.now()),
     _ts("heartbeat_at", nullable=False, server_default=sa.func.now()),
     _ts("finished_at"),
@@ -255,8 +259,8 @@ LOCK_TIMEOUT_S = 60
 def create_engine(url: str | sa.URL, **kwargs) -> sa.Engine:
     """An engine (psycopg 3) whose sessions have connect, statement and lock timeouts."""
     options = f"-c statement_timeout={STATEMENT_TIMEOUT_S * 1000} -c lock_timeout={LOCK_TIMEOUT_S * 1000}"
-    return sa.create_engine(engine_url(url), connect_args={"connect_timeout": CONNECT_TIMEOUT_S,
-                                                           "options": options}, **kwargs)
+    connect_args = {"connect_timeout": CONNECT_TIMEOUT_S, "options": options, **kwargs.pop("connect_args", {})}
+    return sa.create_engine(engine_url(url), connect_args=connect_args, **kwargs)
 
 
 class SchemaBehind(Exception):

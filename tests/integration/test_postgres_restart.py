@@ -100,7 +100,7 @@ def test_duplicate_id_claims_wait_for_a_restarting_postgres(own_postgres):
     job = open_job(url, SinkTarget("local/tests/claims", "claims", "vectors", content_salt(True, None)), "claims",
                    "tests")
     run = job.runs.start(RunRequest("m", "r1", "in", "cfg"), new_run=False).run
-    ids = SeenIds(job.engine, run.run_id)
+    ids = SeenIds(job.engine, run)
     assert ids.first_occurrences([("a", 0), ("b", 1), ("a", 2)]) & {0, 1, 2} == {0, 1}
     pg_ctl(own_postgres, "-m", "fast", "stop")
     answer = {}

@@ -26,10 +26,10 @@ def test_the_database_decides_duplicates_like_memory_and_a_resume_gets_the_same_
     duplicates = {(b.position, b.record_id) for b in in_memory if getattr(b, "reason", None) == "duplicate_id"}
     # The first occurrence wins even when its text is bad (r5 at position 5 has none).
     assert duplicates == {(17, "r16"), (2400, "r5"), (2401, "r1999")}
-    assert list(classify_records(records, SeenIds(job.engine, run.run_id))) == in_memory
+    assert list(classify_records(records, SeenIds(job.engine, run))) == in_memory
     assert query(database_url, "SELECT count(*) FROM embedjob_seen_ids")[0][0] == 2500 - 3
     # A resumed session reads the same input again: the ids stored by the first one change nothing.
-    assert list(classify_records(records, SeenIds(job.engine, run.run_id))) == in_memory
+    assert list(classify_records(records, SeenIds(job.engine, run))) == in_memory
     job.runs.finish(run, "succeeded", None, None)
     assert query(database_url, "SELECT count(*) FROM embedjob_seen_ids")[0][0] == 0
     job.close()

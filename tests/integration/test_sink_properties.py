@@ -43,7 +43,7 @@ def test_every_record_is_stored_once_or_has_one_error_row(database_url, items, f
         run = opened.runs.start(RunRequest("m", "r1", "in", "cfg"), new_run=False).run
         with tempfile.TemporaryDirectory() as tmp:
             path = (write_jsonl if fmt == "jsonl" else write_csv)(Path(tmp) / f"in.{fmt}", items)
-            outcome = feed(path, fmt, batch_size, sort_window, SeenIds(opened.engine, run.run_id))
+            outcome = feed(path, fmt, batch_size, sort_window, SeenIds(opened.engine, run))
         check_outcome(items if fmt == "jsonl" else csv_records(items), outcome, batch_size)
         rng = np.random.default_rng(0)
         opened.sink.write(run, [succeeded(batch, rng) for batch in outcome.batches], outcome.bad)

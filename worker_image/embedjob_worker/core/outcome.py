@@ -72,9 +72,11 @@ def chunks(outcome: BatchOutcome) -> int:
 
 @dataclass(frozen=True)
 class CounterUpdate:
-    """The driver's part of a run row update: counts it adds (of ADDED_COUNTERS) and figures only it sets."""
+    """The driver's part of a run row update: its own counts so far this session, by the counter (of
+    ADDED_COUNTERS) they add to (the row adds what they are beyond the ones it holds: runs.counter_values),
+    and figures only it sets."""
 
-    add: dict[str, int] = field(default_factory=dict)
+    driver: dict[str, int] = field(default_factory=dict)
     set: dict[str, object] = field(default_factory=dict)
 
 

@@ -16,8 +16,6 @@ from embedjob_worker.core.outcome import (ADDED_COUNTERS, KEPT_ON_RESUME, BatchO
                                           group_counts)
 
 log = logging.getLogger("embedjob_worker.core.tally")
-# The run row counters the driver's own counts add to (RunTally._driver_counts).
-_DRIVER_ADDED = ("batches_succeeded", "records_embedded", "records_failed")
 
 
 class RunTally:
@@ -26,7 +24,8 @@ class RunTally:
     Two kinds of counts add up to the run row's: what committed groups add (group_counts, in
     the transaction that commits them, whichever writer it is) and what only the driver
     knows (batches done before, records up to date, bad records), which the driver's own
-    writes add as the difference since its last one (`driver_update`, then `reported`).
+    writes carry as totals (`driver_update`); the row adds what they are beyond the totals it
+    holds, so a write retried after its commit reply was lost adds nothing twice.
     """
 
     def __init__(self) -> None:
@@ -42,7 +41,6 @@ class RunTally:
         self._resumed = dict.fromkeys(KEPT_ON_RESUME, 0)
         self.records_unchanged = self.records_deleted = 0
         self._committed = dict.fromkeys(ADDED_COUNTERS, 0)  # this session's commits, as group_counts adds them
-        self._reported = dict.fromkeys(_DRIVER_ADDED, 0)  # the driver's counts its writes have added so far
         self._classified: dict[str, tuple[int, int]] = {}
         self._embedding_started: float | None = None
 
@@ -123,25 +121,19 @@ class RunTally:
                 "records_failed": self.records_rejected}
 
     def driver_update(self, pending: Iterable[BatchOutcome] = ()) -> CounterUpdate:
-        """The driver's part of its next run row write: its counts since the last one `reported`, and the
-        figures only it knows (texts/s as if `pending` were committed). One writer thread calls this."""
+        """The driver's part of its next run row write: its counts so far, and the figures only it knows
+        (texts/s as if `pending` were committed)."""
         texts_per_second = self.counters(pending).texts_per_second
         with self._lock:
-            driver = self._driver_counts()
             return CounterUpdate(
-                add={name: count - self._reported[name] for name, count in driver.items()},
+                driver=self._driver_counts(),
                 set={"batches_total": self.batches_total, "records_total": self.records_total,
                      "records_unchanged": self.records_unchanged, "records_deleted": self.records_deleted,
                      "texts_per_second": texts_per_second})
 
-    def reported(self, update: CounterUpdate) -> None:
-        """`update` is committed."""
-        with self._lock:
-            for name, count in update.add.items():
-                self._reported[name] += count
-
     def commit(self, outcomes: Iterable[BatchOutcome]) -> None:
-        """Count the batches a writer committed; each is a `batch_written` line (`embedjob run -v`)."""
+        """Count the batches a writer committed (or found committed: a commit whose reply was lost, a writer
+        lost after its commit); each is a `batch_written` line (`embedjob run -v`)."""
         outcomes = list(outcomes)
         with self._lock:
             for name, count in group_counts(outcomes).items():

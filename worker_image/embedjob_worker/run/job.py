@@ -95,7 +95,8 @@ class JobRun:
             cleanup.callback(self.engine.dispose)
             try:
                 migrate(self.database_url)
-                cleanup.callback(JobLock.take(self.engine, self.config.job_key, self.options.job_lock_wait_s).release)
+                self.lock = JobLock.take(self.engine, self.config.job_key, self.options.job_lock_wait_s)
+                cleanup.callback(self.lock.release)
                 started = start_run(self.config, self.runs, self.options.new_run)
             except JobFailed as failure:
                 return refused(self.summary, failure)
@@ -111,15 +112,14 @@ class JobRun:
     def _load(self, started: StartedRun) -> JobFailed | None:
         """The vectors table brought up to date, every batch still to do embedded and written, the vectors of ids
         gone deleted (sync.deleteMissing) and the index built; why the run failed, or None."""
-        run, resolved = started.start.run, started.resolved
+        run = started.start.run
         try:
             # Before the table is read (stored hashes) or written: never chunks into a table keyed without them.
             retry_database(lambda: upgrade_vectors_table(self.engine, self.spec.sink.table), "vectors_table")
-            failure = self._embed(started)
+            failure = self._embed(started) or self.lock.failure()  # a driver that lost its lock deletes nothing
             if failure is None and self.spec.sync.delete_missing:
                 self.tally.deleted(retry_database(lambda: delete_missing(
-                    self.engine, self.spec.sink.table, self.spec.sink.collection, resolved.name,
-                    resolved.revision, run.run_id), "delete_missing"))
+                    self.engine, self.spec.sink.table, self.spec.sink.collection, run), "delete_missing"))
             return failure or build_index(self.engine, self.spec, self.summary)
         except Unreachable:
             raise
@@ -137,14 +137,14 @@ class JobRun:
         if start.resumed:
             self.tally.resumed(start.records_new, start.records_changed, start.chunks_embedded)
             if spec.source.table:
-                forget_seen_ids(self.engine, run.run_id)
+                forget_seen_ids(self.engine, run)
         # Batches are skipped by id only within the run (a new run's vectors may have been deleted
         # since), and never for a table: its batch ids name rows, and rows change between sessions.
         done_before = {} if spec.source.table else {
             batch_id: done for batch_id, done in self.runs.succeeded_batches().items() if batch_id in run_batches}
         failure: JobFailed | None = None
         with ExitStack() as cleanup:
-            writer = SinkWriter(self.sink, run, self.tally)
+            writer = SinkWriter(self.sink, run, self.tally, self.lock.failure)
             cleanup.callback(writer.close)  # drains what is queued
             try:
                 stored = StoredHashes(self.engine, spec.sink.table, spec.sink.collection, resolved.name,
@@ -152,7 +152,7 @@ class JobRun:
                 batches = batches_to_embed(
                     FeedPlan(spec, started.uri, started.key, self.source_database_url, started.budget,
                              started.chunker),
-                    FeedSkips(self._id_registry(run.run_id), done_before,
+                    FeedSkips(self._id_registry(run), done_before,
                               IncrementalFeed(stored, run_batches, self.tally).to_embed),
                     self.tally, self.metrics, writer.put_bad_records)
                 # No actor starts (nor model loads) before a batch needs one: an unchanged re-run starts none.
@@ -164,7 +164,7 @@ class JobRun:
                 failure = exc
         return writer.failure() or failure
 
-    def _id_registry(self, run_id: str) -> IdRegistry:
+    def _id_registry(self, run: RunSession) -> IdRegistry:
         """How duplicate ids are found: in PostgreSQL (seen_ids, which sync.deleteMissing needs: every id
         read), or, for a table read in an order that puts equal ids together, by comparing neighbours."""
         table = self.spec.source.table
@@ -175,7 +175,7 @@ class JobRun:
             except psycopg.Error as exc:  # as reading the table would fail
                 raise JobFailed("SourceUnreadable",
                                 f"reading {table_uri(table)}: {type(exc).__name__}: {exc}") from None
-        return SeenIds(self.engine, run_id)
+        return SeenIds(self.engine, run)
 
     def _dispatch(self, resolved: ResolvedModel, batches: Iterator[Batch], writer: SinkWriter,
                   skipping: int, run: RunSession) -> JobFailed | None:

@@ -14,6 +14,9 @@ records (a batch row's record count stays true).
 
 With sync.deleteMissing, the end of a successful run deletes the vectors whose id the
 run did not read: the run's embedjob_seen_ids rows are every id it read (valid or not).
+The delete commits only while the run row still names the driver session (runs.update_run,
+in its transaction): a driver superseded by one that resumed the run, and cleared its seen
+ids, deletes nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from embedjob_worker.plan.batching import Batch, batch_id
 from embedjob_worker.sink.copy_data import content_hash
 from embedjob_worker.core.errors import retry_database
 from embedjob_worker.core.logs import log_event
-from embedjob_worker.sink.runs import latest_started_run
+from embedjob_worker.sink.runs import RunSession, latest_started_run, update_run
 from embedjob_worker.core.tally import RunTally
 
 log = logging.getLogger("embedjob_worker.sink.incremental")
@@ -124,16 +127,18 @@ class IncrementalFeed:
         return kept
 
 
-def delete_missing(engine: sa.Engine, table: str, collection: str, model: str, revision: str, run_id: str) -> int:
-    """Delete the vectors (of this collection, model and revision; every chunk) whose id run `run_id` did
-    not read; how many records they were."""
+def delete_missing(engine: sa.Engine, table: str, collection: str, run: RunSession) -> int:
+    """Delete the vectors (of this collection, the run's model and revision; every chunk) whose id `run` did
+    not read; how many records they were. Fenced like a batch write: JobFailed (DriverSuperseded), and nothing
+    deleted, once another driver session owns the run (its seen ids are being claimed afresh)."""
     with engine.begin() as conn:
         if not conn.execute(_EXISTS_SQL, {"table": f'"{table}"'}).scalar_one():
             return 0  # nothing was ever embedded into it
         deleted = conn.execute(sa.text(_DELETE_MISSING_SQL.format(table=table)),
-                               {"collection": collection, "model": model, "revision": revision,
-                                "run_id": run_id}).scalar_one()
-    log_event(log, "vectors_deleted", run=run_id, collection=collection, deleted=deleted)
+                               {"collection": collection, "model": run.model, "revision": run.revision,
+                                "run_id": run.run_id}).scalar_one()
+        update_run(conn, run, {})
+    log_event(log, "vectors_deleted", run=run.run_id, collection=collection, deleted=deleted)
     return deleted
 
 
@@ -144,11 +149,12 @@ def latest_run_succeeded(engine: sa.Engine, job_key: str) -> bool:
     return state == "succeeded"
 
 
-def forget_seen_ids(engine: sa.Engine, run_id: str) -> None:
+def forget_seen_ids(engine: sa.Engine, run: RunSession) -> None:
     """A resumed table run claims its ids afresh: rows inserted or deleted since its last session
-    moved the positions, and an id's old, lower position would make its row a duplicate."""
+    moved the positions, and an id's old, lower position would make its row a duplicate. Fenced by `run`."""
     with engine.begin() as conn:
-        conn.execute(db.seen_ids.delete().where(db.seen_ids.c.run_id == run_id))
+        conn.execute(db.seen_ids.delete().where(db.seen_ids.c.run_id == run.run_id))
+        update_run(conn, run, {})
 
 
 def run_batch_ids(engine: sa.Engine, job_key: str, run_id: str) -> set[str]:

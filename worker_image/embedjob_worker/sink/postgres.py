@@ -27,7 +27,7 @@ from embedjob_worker.core.logs import log_event
 from embedjob_worker.core.outcome import BatchOutcome, CounterUpdate, group_counts, now
 from embedjob_worker.core.records import BadRecord
 from embedjob_worker.sink.copy_data import COPY_COLUMNS, copy_payload
-from embedjob_worker.sink.runs import RunSession, update_run
+from embedjob_worker.sink.runs import RunSession, counter_values, update_run
 from embedjob_worker.sink.target import SinkTarget
 
 # One staging table per vector type (db.VECTOR_TYPES), so the COPY carries the column's own binary format.
@@ -80,13 +80,14 @@ class PostgresSink:
     def write(self, run: RunSession, outcomes: list[BatchOutcome], bad_records: list[BadRecord],
               update: CounterUpdate | None = None) -> list[BatchOutcome]:
         """One transaction: batch marks, vectors of the succeeded batches, attempts, errors, counters; the
-        outcomes written. An outcome whose batch row holds it already (a group sent again after its writer
-        was lost) is left out: its vectors, attempts and counts are in. JobFailed (DriverSuperseded), and
-        nothing written, once another driver session owns the run."""
+        outcomes committed. An outcome whose batch row holds it already (a group sent again after its writer
+        was lost, or retried after its commit reply was lost) is written no more, its vectors, attempts and
+        counts are in, and it is among those returned: committed all the same. JobFailed (DriverSuperseded),
+        and nothing written, once another driver session owns the run."""
         update = update or CounterUpdate()
         job_key = self.target.job_key
         with self.engine.begin() as conn:
-            written = self._write_batches(conn, run.run_id, outcomes) if outcomes else []
+            written, found = self._write_batches(conn, run.run_id, outcomes) if outcomes else ([], [])
             succeeded = [o for o in written if o.state == "succeeded"]
             if succeeded:
                 with conn.connection.driver_connection.cursor() as cur:
@@ -96,12 +97,8 @@ class PostgresSink:
                 conn.execute(pg_insert(db.record_errors).on_conflict_do_nothing(), [
                     {"run_id": run.run_id, "position": e.position, "job_key": job_key, "record_id": e.record_id,
                      "batch_id": e.batch_id, "reason": e.reason.value, "detail": e.detail} for e in errors])
-            added = group_counts(written)
-            for name, count in update.add.items():
-                added[name] += count
-            update_run(conn, run, {**{name: db.runs.c[name] + count for name, count in added.items() if count},
-                                   **update.set})
-        return written
+            update_run(conn, run, {**counter_values(group_counts(written), update.driver), **update.set})
+        return written + found
 
     def _write_vectors(self, cur: psycopg.Cursor, run: RunSession, succeeded: list[BatchOutcome]) -> None:
         """The vectors of `succeeded`, by binary COPY: into the vectors table itself when all their records are new,
@@ -134,7 +131,9 @@ class PostgresSink:
             for piece in copy_payload(outcomes, self.target.salt, self.target.vector_type, same_on_every_row):
                 copy.write(piece)
 
-    def _write_batches(self, conn: sa.Connection, run_id: str, outcomes: list[BatchOutcome]) -> list[BatchOutcome]:
+    def _write_batches(self, conn: sa.Connection, run_id: str,
+                       outcomes: list[BatchOutcome]) -> tuple[list[BatchOutcome], list[BatchOutcome]]:
+        """The batch rows and attempts of `outcomes`: the ones written, and the ones their batch row held already."""
         job_key = self.target.job_key
         rows = [{
             "job_key": job_key, "batch_id": o.batch_id, "run_id": run_id, "state": o.state,
@@ -143,8 +142,9 @@ class PostgresSink:
             "worker": o.worker, "started_at": o.started_at, "finished_at": now(), "duration_s": o.duration_s,
         } for o in outcomes]
         batches, stmt = db.batches, pg_insert(db.batches)
-        # An outcome is known by its run and its first dispatch: the same one written twice is written once.
-        same_outcome = sa.and_(batches.c.state == "succeeded", batches.c.run_id == stmt.excluded.run_id,
+        # An outcome is known by its run, its first dispatch and its state: the same one written twice (a
+        # failed batch too) is written once.
+        same_outcome = sa.and_(batches.c.state == stmt.excluded.state, batches.c.run_id == stmt.excluded.run_id,
                                batches.c.started_at == stmt.excluded.started_at)
         written_ids = set(conn.execute(stmt.on_conflict_do_update(
             index_elements=[batches.c.job_key, batches.c.batch_id],
@@ -159,4 +159,4 @@ class PostgresSink:
                 "worker": a.worker, "outcome": a.outcome, "reason": a.reason, "started_at": a.started_at,
                 "finished_at": a.finished_at,
             } for o in written for a in o.attempts])
-        return written
+        return written, [o for o in outcomes if o.batch_id not in written_ids]

@@ -28,7 +28,7 @@ REFUSED_START_REASONS = ("InputChanged", "ModelUnavailable", "SourceUnavailable"
 # A resumed run's row counts afresh from here: the session recounts the batches done before as skipped.
 _SESSION_START_COUNTERS = {**{name: 0 for name in ADDED_COUNTERS if name not in KEPT_ON_RESUME},
                            "records_unchanged": 0, "records_deleted": 0, "texts_per_second": 0.0,
-                           "batches_total": None, "records_total": None}
+                           "batches_total": None, "records_total": None, "driver_counts": None}
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,23 @@ def update_run(conn: sa.Connection, run: RunSession, values: dict) -> sa.Row:
         raise JobFailed("DriverSuperseded", f"run {run.run_id} is owned by another driver session now (a driver "
                                             "that resumed it): this session writes nothing more")
     return row
+
+
+def counter_values(added: dict[str, int], driver: dict[str, int]) -> dict:
+    """The run row's counters after a write: plus what its committed batches `added`, plus the driver's own
+    counts (`driver`, CounterUpdate.driver) beyond the ones the row holds already (db.runs.c.driver_counts),
+    which become `driver`: applied twice (a commit whose reply was lost, retried), it adds them once."""
+    runs = db.runs
+    values = {}
+    for name in sorted(set(added) | set(driver)):
+        value = runs.c[name] + added.get(name, 0)
+        if name in driver:
+            held = sa.func.coalesce(runs.c.driver_counts[name].astext.cast(sa.BigInteger), 0)
+            value = value + (driver[name] - held)
+        values[name] = value
+    if driver:
+        values["driver_counts"] = driver
+    return values
 
 
 class JobRuns:
@@ -153,9 +170,9 @@ class JobRuns:
         update = update or CounterUpdate()
         with self.engine.begin() as conn:
             conn.execute(db.seen_ids.delete().where(db.seen_ids.c.run_id == run.run_id))
-            row = update_run(conn, run, {
-                **{name: db.runs.c[name] + count for name, count in update.add.items() if count}, **update.set,
-                "state": state, "reason": reason, "error": error and mask_secrets(error), "finished_at": sa.func.now()})
+            row = update_run(conn, run, {**counter_values({}, update.driver), **update.set, "state": state,
+                                         "reason": reason, "error": error and mask_secrets(error),
+                                         "finished_at": sa.func.now()})
         return dict(row._mapping)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from embedjob_worker.core.errors import retry_database
+from embedjob_worker.sink.runs import RunSession, update_run
 
 # Each claimed id is stored with the lowest position it was seen at; a claim is the first
 # occurrence when that lowest position is its own. The same input read again (a resumed
@@ -20,19 +21,22 @@ RETURNING position
 
 
 class SeenIds:
-    """The run's IdRegistry (records.IdRegistry) in PostgreSQL: one statement per chunk of claims."""
+    """The run's IdRegistry (records.IdRegistry) in PostgreSQL: one statement per chunk of claims, fenced by the
+    driver session (runs.update_run): a superseded driver claims nothing (DriverSuperseded)."""
 
-    def __init__(self, engine: sa.Engine, run_id: str):
-        self.engine, self.run_id = engine, run_id
+    def __init__(self, engine: sa.Engine, run: RunSession):
+        self.engine, self.run = engine, run
 
     def first_occurrences(self, claims: list[tuple[str, int]]) -> set[int]:
         if not claims:
             return set()
         ids, positions = zip(*claims)
-        params = {"run_id": self.run_id, "ids": list(ids), "positions": list(positions)}
+        params = {"run_id": self.run.run_id, "ids": list(ids), "positions": list(positions)}
 
         def claim() -> set[int]:  # a claim repeated after a lost connection returns the same positions
             with self.engine.begin() as conn:
-                return set(conn.execute(_CLAIM_SQL, params).scalars().all())
+                claimed = set(conn.execute(_CLAIM_SQL, params).scalars().all())
+                update_run(conn, self.run, {})
+                return claimed
 
         return retry_database(claim, "claim_ids")

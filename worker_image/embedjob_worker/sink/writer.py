@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from embedjob_worker.core.errors import DB_ERRORS, JobFailed, retry_database
@@ -38,7 +39,7 @@ def note_write_retry(outcomes: list[BatchOutcome], reason: str) -> None:
 
 def write_group(sink: PostgresSink, run: RunSession, outcomes: list[BatchOutcome], bad_records: list[BadRecord],
                 update: CounterUpdate | None = None) -> list[BatchOutcome]:
-    """One group in one transaction (sink.write), retried while the database is lost; the outcomes written."""
+    """One group in one transaction (sink.write), retried while the database is lost; the outcomes committed."""
     return retry_database(lambda: sink.write(run, outcomes, bad_records, update), "sink_write",
                           lambda exc: note_write_retry(outcomes, f"DatabaseWriteFailed: {exc}"))
 
@@ -81,9 +82,12 @@ class _Stop:
 
 
 class SinkWriter(UncommittedBatches):
-    def __init__(self, sink: PostgresSink, run: RunSession, tally: RunTally):
+    """The writer thread of `run`; it stops, failing the run, once `lock_lost` says why (job_lock.JobLock.failure)."""
+
+    def __init__(self, sink: PostgresSink, run: RunSession, tally: RunTally,
+                 lock_lost: Callable[[], JobFailed | None] = lambda: None):
         super().__init__()
-        self.sink, self.run, self.tally = sink, run, tally
+        self.sink, self.run, self.tally, self.lock_lost = sink, run, tally, lock_lost
         self.error: BaseException | None = None
         self._queue: queue.Queue[BatchOutcome | _BadRecords | _Stop] = queue.Queue()
         self._bad_group_slots = threading.Semaphore(_MAX_QUEUED_BAD_GROUPS)
@@ -153,7 +157,7 @@ class SinkWriter(UncommittedBatches):
         return items
 
     def _write(self, outcomes: list[BatchOutcome], bad_records: list[BadRecord]) -> None:
+        if (lost := self.lock_lost()) is not None:  # checked at least every HEARTBEAT_S
+            raise lost
         update = self.tally.driver_update(outcomes)
-        written = write_group(self.sink, self.run, outcomes, bad_records, update)
-        self.tally.reported(update)
-        self.tally.commit(written)
+        self.tally.commit(write_group(self.sink, self.run, outcomes, bad_records, update))

@@ -36,7 +36,7 @@ class GroupWriter:
         return self.worker
 
     def write(self, outcomes: list[BatchOutcome]) -> list[str]:
-        """Write the group in one transaction; the ids of the batches written (see PostgresSink.write)."""
+        """Write the group in one transaction; the ids of the batches committed (see PostgresSink.write)."""
         import ray
         from ray.exceptions import ObjectLostError
 
