@@ -82,19 +82,19 @@ def stage_round(path: Path, records: int, dim: int, batch_size: int) -> dict[str
 
     with tempfile.TemporaryDirectory() as tmp:
         server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="delete")
-        target = SinkTarget("bench/dataplane", "bench", "embeddings", content_salt(True, None))
+        target = SinkTarget("bench/dataplane", "bench", "embeddings", content_salt(True, None), schema="public")
         sink = PostgresSink(open_engine(server.get_uri()), target)
         try:
             db.migrate(server.get_uri())
             run = JobRuns(sink.engine, target, "dataplane", "bench").start(RunRequest("m", "r", "input", "config"),
                                                                            new_run=False).run
-            ensure_vectors_table(sink.engine, target.table, dim, target.vector_type)
+            ensure_vectors_table(sink.engine, target.vectors, dim, target.vector_type)
             figures = {}
             figures["read"], raw = cpu_per_record(records, lambda: list(read_records(str(path), "jsonl", "id", "text")))
             figures["check"], checked = cpu_per_record(
                 records, lambda: list(classify_records(raw, SeenIds(sink.engine, run))))
             valid = [r for r in checked if isinstance(r, Record)]
-            stored = StoredHashes(sink.engine, "embeddings", "bench", "m", "r", target.salt)
+            stored = StoredHashes(sink.engine, target.vectors, "bench", "m", "r", target.salt)
 
             def plan():
                 batches = list(make_batches(valid, batch_size, 4096, batch_key("input", "config")))

@@ -48,14 +48,14 @@ def load(sink: PostgresSink, run: RunSession, batches: list[BatchOutcome]) -> fl
 def build_after_load(rows: int, index: VectorIndex) -> dict[str, float]:
     with fresh_sink(DIM, job="index") as (sink, run):
         loading = load(sink, run, outcomes(rows, "v1", new=True))
-        built = ensure_index(sink.engine, sink.target.table, "vector", INNER_PRODUCT, index)
+        built = ensure_index(sink.engine, sink.target.vectors, "vector", INNER_PRODUCT, index)
     print(f"built with buildMemory {index.build_memory}: {built.note or 'the graph fitted in memory'}", file=sys.stderr)
     return {"load s": loading, "index build s": built.seconds, "total s": loading + built.seconds}
 
 
 def index_during_load(rows: int) -> dict[str, float]:
     with fresh_sink(DIM, job="index") as (sink, run):
-        ensure_index(sink.engine, sink.target.table, "vector", INNER_PRODUCT, HNSW)  # on the empty table
+        ensure_index(sink.engine, sink.target.vectors, "vector", INNER_PRODUCT, HNSW)  # on the empty table
         loading = load(sink, run, outcomes(rows, "v1", new=True))
     return {"total s": loading}
 
@@ -84,7 +84,7 @@ def recall(texts: int, queries: int, ef_searches: list[int], path: Path) -> str:
                                           [AttemptRow(1, "bench", "succeeded", None, now())], now(),
                                           vectors=stored[s:s + 64], worker="bench")
                              for s in range(0, texts, 64)], [])
-            ensure_index(sink.engine, sink.target.table, vector_type, INNER_PRODUCT, HNSW)
+            ensure_index(sink.engine, sink.target.vectors, vector_type, INNER_PRODUCT, HNSW)
             position = {r.id: r.position for r in records}
             for ef in ef_searches:
                 found, took = 0, []

@@ -73,7 +73,7 @@ def stream(path: str) -> None:
         try:
             db.migrate(server.get_uri())
             engine = open_engine(server.get_uri())
-            target = SinkTarget("bench/memory", "bench", "embeddings", content_salt(True, None))
+            target = SinkTarget("bench/memory", "bench", "embeddings", content_salt(True, None), schema="public")
             run = JobRuns(engine, target, "memory", "bench").start(RunRequest("m", "r", "input", "config"),
                                                                    new_run=False).run
             batches = sum(1 for _ in batches_to_embed(FeedPlan(spec, path, "bench"),

@@ -70,8 +70,9 @@ def fresh_sink(dim: int, vector_type: str = "vector", job: str = "sink"):
         try:
             db.migrate(server.get_uri())
             engine = open_engine(server.get_uri())
-            target = SinkTarget(f"bench/{job}", "bench", "embeddings", content_salt(True, None), vector_type)
-            ensure_vectors_table(engine, target.table, dim, vector_type)
+            target = SinkTarget(f"bench/{job}", "bench", "embeddings", content_salt(True, None), vector_type,
+                                schema="public")
+            ensure_vectors_table(engine, target.vectors, dim, vector_type)
             start = JobRuns(engine, target, job, "bench").start(RunRequest("m", "r", "input", "config"), new_run=False)
             yield PostgresSink(engine, target), start.run
             engine.dispose()

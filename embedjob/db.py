@@ -193,11 +193,12 @@ tenant_namespaces = sa.Table(
 )
 
 
-def vectors_table(name: str, dim: int, meta: sa.MetaData | None = None, vector_type: str = "vector") -> sa.Table:
+def vectors_table(name: str, dim: int, meta: sa.MetaData | None = None, vector_type: str = "vector",
+                  schema: str | None = None) -> sa.Table:
     """The user's vectors table: one row per (collection, record id, chunk, model, revision); `embedding` is
     `vector_type(dim)` (a key of VECTOR_TYPES). `text` is the chunk's text, `char_start`/`char_end` its
     character offsets into the record's text; `content_hash` is the whole record's, on each of its chunks.
-    A record without spec.chunking is one chunk, 0, over its whole text."""
+    A record without spec.chunking is one chunk, 0, over its whole text. `schema` None: the search path's."""
     return sa.Table(
         name,
         meta if meta is not None else sa.MetaData(),
@@ -215,6 +216,7 @@ def vectors_table(name: str, dim: int, meta: sa.MetaData | None = None, vector_t
         sa.Column("batch_id", sa.String(64), nullable=False),
         _ts("created_at", nullable=False, server_default=sa.func.now()),
         _ts("updated_at", nullable=False, server_default=sa.func.now()),
+        schema=schema,
     )
 
 

@@ -21,6 +21,7 @@ from embedjob_worker.run.job import DriverOptions, run_job
 from embedjob_cli.search import nearest
 from embedjob_worker.encode.tokens import load_tokenizer
 from embedjob_worker.sink.vector_index import metric_for
+from embedjob_worker.sink.target import VectorsTable
 from embedjob_worker.sink.vectors_table import upgrade_vectors_table
 
 pytestmark = pytest.mark.slow
@@ -267,7 +268,7 @@ def test_a_primary_key_whose_name_holds_quotes_is_dropped_by_the_upgrade(databas
                                " AND conrelid = 'embeddings'::regclass") == [(odd,)]
     engine = sa.create_engine(database_url)
     try:
-        assert upgrade_vectors_table(engine, "embeddings") is True
+        assert upgrade_vectors_table(engine, VectorsTable("public", "embeddings")) is True
     finally:
         engine.dispose()
     key = query(database_url, "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
@@ -283,12 +284,12 @@ def test_a_vectors_table_from_before_chunking_is_refused_to_a_role_that_does_not
     engine = sa.create_engine(url)
     try:
         with pytest.raises(JobFailed) as refused:
-            upgrade_vectors_table(engine, "embeddings")
+            upgrade_vectors_table(engine, VectorsTable("public", "embeddings"))
     finally:
         engine.dispose()
         execute(database_url, "DROP OWNED BY chunk_reader", "DROP ROLE chunk_reader")
     assert refused.value.reason == "VectorsTableOutdated"
-    assert "table embeddings was created before chunking" in str(refused.value)
+    assert "table public.embeddings was created before chunking" in str(refused.value)
     assert "role chunk_reader does not own it" in str(refused.value) and "docs/chunking.md" in str(refused.value)
     assert "chunk" not in {r[0] for r in query(database_url, "SELECT attname FROM pg_attribute WHERE attrelid ="
                                                               " 'embeddings'::regclass")}

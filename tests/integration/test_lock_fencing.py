@@ -77,7 +77,7 @@ def test_a_driver_superseded_after_its_lock_was_lost_deletes_nothing_and_stops(d
     forget_seen_ids(second.engine, resumed.run)
 
     # Whatever the first driver still does (it raced its lock check) is fenced: nothing deleted, nothing claimed.
-    for superseded_write in (lambda: delete_missing(first.engine, "vectors", "c1", run),
+    for superseded_write in (lambda: delete_missing(first.engine, first.target.vectors, "c1", run),
                              lambda: SeenIds(first.engine, run).first_occurrences([("w", 3)]),
                              lambda: forget_seen_ids(first.engine, run)):
         with pytest.raises(JobFailed) as superseded:
@@ -88,7 +88,7 @@ def test_a_driver_superseded_after_its_lock_was_lost_deletes_nothing_and_stops(d
 
     # The second driver's own sync deletes what its source no longer has, and only that.
     SeenIds(second.engine, resumed.run).first_occurrences([("x", 0), ("z", 1)])
-    assert delete_missing(second.engine, "vectors", "c1", resumed.run) == 1
+    assert delete_missing(second.engine, second.target.vectors, "c1", resumed.run) == 1
     assert query(database_url, "SELECT record_id FROM vectors ORDER BY 1") == [("x",), ("z",)]
     assert second_lock.check() is None
     second_lock.release()

@@ -13,7 +13,7 @@ from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.core.records import BadReason, BadRecord, Record, Span
 from embedjob_worker.sink.postgres import open_engine
 from embedjob_worker.sink.runs import RunRequest
-from embedjob_worker.sink.target import SinkTarget
+from embedjob_worker.sink.target import SinkTarget, VectorsTable
 from embedjob_worker.sink.vectors_table import ensure_vectors_table
 from support.sink import OpenJob, open_job
 
@@ -147,7 +147,7 @@ def test_vectors_table_of_another_width_is_refused(database_url):
     make_sink(database_url).close()
     engine = open_engine(database_url)
     with pytest.raises(JobFailed, match=r"vector\(4\)"):
-        ensure_vectors_table(engine, "vectors", DIM * 2, "vector")
+        ensure_vectors_table(engine, VectorsTable("public", "vectors"), DIM * 2, "vector")
     engine.dispose()
 
 
@@ -163,7 +163,7 @@ def test_drivers_starting_together_create_the_vectors_table_once(database_url):
     def create(engine):
         start.wait()
         try:
-            ensure_vectors_table(engine, "shared", DIM, "vector")
+            ensure_vectors_table(engine, VectorsTable("public", "shared"), DIM, "vector")
         except Exception as exc:  # collected: the assertion below names it
             errors.append(exc)
 

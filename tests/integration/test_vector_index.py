@@ -13,7 +13,7 @@ from embedjob_worker.core.records import Record
 from embedjob_cli.search import nearest, vector_literal
 from embedjob_worker.sink.postgres import open_engine
 from embedjob_worker.sink.runs import RunRequest
-from embedjob_worker.sink.target import SinkTarget
+from embedjob_worker.sink.target import SinkTarget, VectorsTable
 from embedjob_worker.core.tally import RunTally
 from embedjob_worker.sink.vector_index import COSINE, INNER_PRODUCT, ensure_index, index_name
 from embedjob_worker.sink.vectors_table import ensure_vectors_table
@@ -73,7 +73,7 @@ def uses_index(job: OpenJob, name: str, query_vector: np.ndarray, metric, vector
 def test_search_through_the_index_equals_the_sequential_scan_on_a_small_set(database_url, vector_type, metric):
     vectors = unit_vectors(300, 32, seed=1)
     job = loaded_sink(database_url, vectors, vector_type)
-    build = ensure_index(job.engine, job.target.table, vector_type, metric, HNSW)
+    build = ensure_index(job.engine, job.target.vectors, vector_type, metric, HNSW)
     assert build.built and build.name == index_name("vectors", metric) and build.seconds > 0
     queries = unit_vectors(20, 32, seed=2)
     assert uses_index(job, build.name, queries[0], metric, vector_type, "index")
@@ -93,12 +93,12 @@ def test_search_through_the_index_equals_the_sequential_scan_on_a_small_set(data
 def test_build_memory_is_the_builds_maintenance_work_mem_and_a_graph_that_outgrows_it_is_reported(database_url):
     vectors = unit_vectors(3000, 384, seed=8)  # about 5 MB of graph: more than 1Mi holds, far less than 64Mi
     small = loaded_sink(database_url, vectors, "vector", table="small_memory")
-    cramped = ensure_index(small.engine, small.target.table, "vector", INNER_PRODUCT,
+    cramped = ensure_index(small.engine, small.target.vectors, "vector", INNER_PRODUCT,
                            VectorIndex(type="hnsw", build_memory="1Mi"))
     assert cramped.built and cramped.note is not None
     assert "no longer fits into maintenance_work_mem" in cramped.note and "buildMemory 1Mi" in cramped.note
     roomy_sink = loaded_sink(database_url, vectors, "vector", table="roomy_memory")
-    roomy = ensure_index(roomy_sink.engine, roomy_sink.target.table, "vector", INNER_PRODUCT,
+    roomy = ensure_index(roomy_sink.engine, roomy_sink.target.vectors, "vector", INNER_PRODUCT,
                          VectorIndex(type="hnsw", build_memory="64Mi"))
     assert roomy.built and roomy.note is None
     # Both indexes answer alike; the setting lasted only for the build's transaction.
@@ -121,7 +121,7 @@ def test_recall_at_10_of_the_index_against_exact_float32_neighbours(database_url
     vectors = centres[rng.integers(0, 60, 4000)] + 0.6 * unit_vectors(4000, 384, seed=5)
     vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
     job = loaded_sink(database_url, vectors, vector_type)
-    build = ensure_index(job.engine, job.target.table, vector_type, INNER_PRODUCT, HNSW)
+    build = ensure_index(job.engine, job.target.vectors, vector_type, INNER_PRODUCT, HNSW)
     queries = vectors[rng.choice(4000, 50, replace=False)] + 0.05 * unit_vectors(50, 384, seed=6)
     assert uses_index(job, build.name, queries[0], INNER_PRODUCT, vector_type, "planner")
     hits = 0
@@ -169,9 +169,9 @@ def test_halfvec_refuses_a_component_beyond_its_range(database_url):
 def test_a_table_of_the_other_vector_type_is_refused_naming_both(database_url, existing, wanted):
     loaded_sink(database_url, unit_vectors(3, 8, seed=9), existing, table="shared").close()
     other = open_engine(database_url)  # another job's driver
-    with pytest.raises(JobFailed, match=rf"table shared holds {existing}\(8\) vectors but spec.sink.vectorType is "
+    with pytest.raises(JobFailed, match=rf"table public.shared holds {existing}\(8\) vectors but spec.sink.vectorType is "
                                         rf"{wanted}") as refused:
-        ensure_vectors_table(other, "shared", 8, wanted)
+        ensure_vectors_table(other, VectorsTable("public", "shared"), 8, wanted)
     assert refused.value.reason == "VectorTypeMismatch"
     assert query(database_url, "SELECT count(*) FROM shared") == [(3,)]
     other.dispose()
@@ -179,11 +179,11 @@ def test_a_table_of_the_other_vector_type_is_refused_naming_both(database_url, e
 
 def test_an_existing_index_is_found_not_rebuilt_and_other_parameters_are_reported(database_url):
     job = loaded_sink(database_url, unit_vectors(100, 16, seed=10), "vector")
-    first = ensure_index(job.engine, "vectors", "vector", INNER_PRODUCT, VectorIndex(type="hnsw", m=8))
+    first = ensure_index(job.engine, job.target.vectors, "vector", INNER_PRODUCT, VectorIndex(type="hnsw", m=8))
     oid = query(database_url, f"SELECT '{first.name}'::regclass::oid")
-    again = ensure_index(job.engine, "vectors", "vector", INNER_PRODUCT, VectorIndex(type="hnsw", m=8))
+    again = ensure_index(job.engine, job.target.vectors, "vector", INNER_PRODUCT, VectorIndex(type="hnsw", m=8))
     assert (again.built, again.name, again.note) == (False, first.name, None)
-    other = ensure_index(job.engine, "vectors", "vector", INNER_PRODUCT, VectorIndex(type="hnsw", m=24))
+    other = ensure_index(job.engine, job.target.vectors, "vector", INNER_PRODUCT, VectorIndex(type="hnsw", m=24))
     assert not other.built and "exists with m=8, ef_construction=64, not the spec's m=24" in other.note
     assert query(database_url, f"SELECT '{first.name}'::regclass::oid") == oid
     assert query(database_url, "SELECT count(*) FROM pg_indexes WHERE tablename = 'vectors' AND indexdef LIKE "

@@ -93,6 +93,6 @@ def test_embedjob_run_index_hnsw_on_halfvec_then_search(tmp_path, database_url):
     vector.write_text(yaml.safe_dump(merged(cli_manifest("peps.jsonl"), {"spec": {"sink": {"collection": "other"}}})))
     mixed = run([*EMBEDJOB, "run", str(vector), "--database-url", database_url])
     assert mixed.returncode == 1
-    assert ("VectorTypeMismatch: table embeddings holds halfvec(384) vectors but spec.sink.vectorType is vector"
+    assert ("VectorTypeMismatch: table public.embeddings holds halfvec(384) vectors but spec.sink.vectorType is vector"
             in mixed.stdout)
     assert query(database_url, "SELECT count(*) FROM embeddings WHERE collection = 'other'") == [(0,)]

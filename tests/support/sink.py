@@ -29,6 +29,7 @@ def open_job(url: str, target: SinkTarget, job_name: str, namespace: str, dim: i
     if migrate:
         db.migrate(url)
     engine = open_engine(url)
+    target = target.in_schema_of(engine)
     if dim is not None:
-        ensure_vectors_table(engine, target.table, dim, target.vector_type)
+        ensure_vectors_table(engine, target.vectors, dim, target.vector_type)
     return OpenJob(engine, target, JobRuns(engine, target, job_name, namespace), PostgresSink(engine, target))

@@ -5,7 +5,7 @@ import pytest
 
 from embedjob.api import SourceTable, SpecError, TableFilter, parse_spec
 from embedjob_worker.source.table import (
-    UnsafeTableSpec, check_table, sorts_equal_ids_together, table_query, table_snapshot,
+    SESSION_BOUNDS, UnsafeTableSpec, check_table, sorts_equal_ids_together, table_query, table_snapshot,
 )
 
 HOSTILE_IDENTIFIERS = ['docs"; DROP TABLE embeddings; --', "docs; select 1", "x" * 64, "1docs", "a b", "dócs",
@@ -137,3 +137,7 @@ def test_a_source_database_reaches_the_pods_only_from_its_secret():
 ])
 def test_only_types_whose_order_keeps_equal_ids_together_skip_the_claims(type_name, deterministic, together):
     assert sorts_equal_ids_together(type_name, deterministic) is together
+
+
+def test_the_source_session_bounds_statements_and_lock_waits_as_the_driver_engine_does():
+    assert SESSION_BOUNDS == {"statement_timeout": "300s", "lock_timeout": "60s"}

@@ -100,7 +100,7 @@ def test_halfvec_copy_data_is_pgvectors_binary_halfvec():
     half, full = (b"".join(copy_payload([outcome], b"", vector_type)) for vector_type in ("halfvec", "vector"))
     expected = struct.pack(">ihh", 4 + 2 * 3, 3, 0) + vectors.astype(">f2").tobytes()
     assert expected in half and len(full) - len(half) == 2 * 3
-    with pytest.raises(JobFailed, match=r"record 'r' \(batch b\): a component is beyond halfvec's range"):
+    with pytest.raises(JobFailed, match=r"record 'r' \(batch b\): a component \(100000\) is beyond halfvec's range"):
         outcome.vectors = np.array([[1e5, 0, 0]], dtype=np.float32)
         b"".join(copy_payload([outcome], b"", "halfvec"))
 

@@ -39,3 +39,4 @@ class EmbedResult:
     oom_splits: int  # times the batch, or a part of it, was split in halves after running out of memory
     # float32, a row per text; None where the vectors are returned apart (EmbeddingWorker.embed_apart)
     vectors: np.ndarray | None = None
+    largest: tuple[float, ...] = ()  # each vector's largest component magnitude (core.vector_range)

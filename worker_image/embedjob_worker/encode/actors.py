@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from embedjob_worker.core.vector_range import largest_components
 from embedjob_worker.core.worker_reports import EmbedResult, WorkerInfo
 from embedjob_worker.encode.exported import ExportedModel, materialize
 from embedjob_worker.encode.model import ResolvedModel, load_model, loaded_revision
@@ -21,7 +22,9 @@ class EmbeddingWorker:
     `fault_injection` is a test hook (the driver passes it from EMBEDJOB_FAULT_INJECTION):
     {"oom_above": N} raises torch.OutOfMemoryError for batches of more than N texts;
     {"revision": "x"} reports revision x instead of the loaded one;
-    {"hang_once_file": PATH} makes the first `embed` of any actor that creates PATH hang.
+    {"hang_once_file": PATH} makes the first `embed` of any actor that creates PATH hang;
+    {"component_when": {TEXT: VALUE}} sets the first component of the vector of each text containing TEXT to
+    float(VALUE) ("nan", "inf", "1e6"), as a model in half precision or int8 may give.
     """
 
     def __init__(self, resolved: ResolvedModel, exported: ExportedModel | None, num_cpus: float, num_gpus: float,
@@ -72,6 +75,8 @@ class EmbeddingWorker:
             except FileExistsError:
                 pass
         vectors, splits = self._encode(texts, pass_size or len(texts))
+        for marker, value in self.faults.get("component_when", {}).items():
+            vectors[[marker in text for text in texts], 0] = float(value)
         return EmbedResult(
             batch_id=batch_id,
             truncated=self._truncated(texts),
@@ -81,6 +86,7 @@ class EmbeddingWorker:
             seconds=time.monotonic() - started,
             oom_splits=splits,
             vectors=vectors,
+            largest=largest_components(vectors),
         )
 
     def embed_apart(self, batch_id: str, texts: list[str], pass_size: int | None = None

@@ -36,6 +36,7 @@ from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.core.records import BadReason, BadRecord, chunk_owners
 from embedjob.contract import HEARTBEAT_S
 from embedjob_worker.core.tally import RunSummary
+from embedjob_worker.core.vector_range import out_of_range, why_out_of_range
 from embedjob_worker.core.worker_reports import EmbedResult
 from embedjob_worker.encode.workers import ActorSet
 from embedjob_worker.core.outcome import BatchWriter
@@ -200,7 +201,19 @@ class Dispatcher:
             check_model(result, self.resolved)
         except JobFailed as mismatch:
             return self._failed_attempt(attempt, mismatch.reason, str(mismatch), retryable=False)
+        unstorable = out_of_range(result.largest, self.spec.sink.vector_type)
+        if unstorable:  # the model gives the same vectors again: failed at once, the batch's records only
+            return self._failed_attempt(attempt, "VectorOutOfRange",
+                                        self._unstorable(attempt.batch, result, unstorable), retryable=False)
         return self._succeeded(attempt, result)
+
+    def _unstorable(self, batch: Batch, result: EmbedResult, rows: list[int]) -> str:
+        """The records (and chunks) of the vectors at `rows` and what is wrong with each, the first few."""
+        owners, vector_type = chunk_owners(batch.records), self.spec.sink.vector_type
+        named = [f"record {owners[i].id!r} (chunk {owners[:i].count(owners[i])}): "
+                 f"{why_out_of_range(result.largest[i], vector_type)}" for i in rows[:3]]
+        more = f"; and {len(rows) - 3} more vectors" if len(rows) > 3 else ""
+        return "; ".join(named) + more
 
     def _succeeded(self, attempt: Attempt, result: EmbedResult) -> BatchOutcome:
         batch, worker, history = attempt.batch, result.worker, attempt.history

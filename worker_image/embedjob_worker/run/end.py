@@ -12,6 +12,7 @@ from embedjob_worker.core.errors import DB_ERRORS, JobFailed, Unreachable, retry
 from embedjob_worker.core.logs import log_event, mask_secrets
 from embedjob_worker.core.tally import RunSummary, RunTally
 from embedjob_worker.sink.runs import JobRuns, RunSession
+from embedjob_worker.sink.target import VectorsTable
 from embedjob_worker.sink.vector_index import ensure_index, metric_for
 
 log = logging.getLogger("embedjob_worker.run.end")
@@ -24,16 +25,17 @@ def refused(summary: RunSummary, failure: JobFailed) -> RunSummary:
     return summary
 
 
-def build_index(engine: sa.Engine, spec: EmbeddingJobSpec, summary: RunSummary) -> JobFailed | None:
-    """After a successful load: the HNSW index spec.sink.index asks for (into `summary`), unless the table has it
-    already."""
+def build_index(engine: sa.Engine, spec: EmbeddingJobSpec, table: VectorsTable, summary: RunSummary
+                ) -> JobFailed | None:
+    """After a successful load: the HNSW index spec.sink.index asks for on `table` (into `summary`), unless the table
+    has it already."""
     index, sink = spec.sink.hnsw, spec.sink
     if index is None:
         return None
     try:  # not retried: a build that failed (memory, timeout) is retried by re-running the job
-        summary.index = ensure_index(engine, sink.table, sink.vector_type, metric_for(spec.model.normalize), index)
+        summary.index = ensure_index(engine, table, sink.vector_type, metric_for(spec.model.normalize), index)
     except sa.exc.DBAPIError as exc:
-        return JobFailed("IndexBuildFailed", f"spec.sink.index: building the HNSW index on table {sink.table} "
+        return JobFailed("IndexBuildFailed", f"spec.sink.index: building the HNSW index on table {table} "
                                              f"failed: {str(exc.orig).strip()}; the vectors are written, a re-run "
                                              "builds only the index")
     if summary.index.note:  # kept with other parameters, or built past its memory

@@ -86,8 +86,7 @@ class JobRun:
         self.started = time.monotonic()
         self.summary = RunSummary(run_id=None, state="running")
         self.engine = open_engine(database_url)
-        self.target = SinkTarget.of_job(config)
-        self.sink = PostgresSink(self.engine, self.target)
+        self.target = SinkTarget.of_job(config)  # its schema once the database answers (run)
         self.runs = JobRuns(self.engine, self.target, config.name, config.namespace)
 
     def run(self) -> RunSummary:
@@ -95,6 +94,8 @@ class JobRun:
             cleanup.callback(self.engine.dispose)
             try:
                 migrate(self.database_url)
+                self.target = retry_database(lambda: self.target.in_schema_of(self.engine), "vectors_schema")
+                self.sink = PostgresSink(self.engine, self.target)
                 self.lock = JobLock.take(self.engine, self.config.job_key, self.options.job_lock_wait_s)
                 cleanup.callback(self.lock.release)
                 started = start_run(self.config, self.runs, self.options.new_run)
@@ -115,12 +116,12 @@ class JobRun:
         run = started.start.run
         try:
             # Before the table is read (stored hashes) or written: never chunks into a table keyed without them.
-            retry_database(lambda: upgrade_vectors_table(self.engine, self.spec.sink.table), "vectors_table")
+            retry_database(lambda: upgrade_vectors_table(self.engine, self.target.vectors), "vectors_table")
             failure = self._embed(started) or self.lock.failure()  # a driver that lost its lock deletes nothing
             if failure is None and self.spec.sync.delete_missing:
                 self.tally.deleted(retry_database(lambda: delete_missing(
-                    self.engine, self.spec.sink.table, self.spec.sink.collection, run), "delete_missing"))
-            return failure or build_index(self.engine, self.spec, self.summary)
+                    self.engine, self.target.vectors, self.spec.sink.collection, run), "delete_missing"))
+            return failure or build_index(self.engine, self.spec, self.target.vectors, self.summary)
         except Unreachable:
             raise
         except JobFailed as exc:  # raised while the actors are being set up (e.g. the model's export)
@@ -147,7 +148,7 @@ class JobRun:
             writer = SinkWriter(self.sink, run, self.tally, self.lock.failure)
             cleanup.callback(writer.close)  # drains what is queued
             try:
-                stored = StoredHashes(self.engine, spec.sink.table, spec.sink.collection, resolved.name,
+                stored = StoredHashes(self.engine, self.target.vectors, spec.sink.collection, resolved.name,
                                       resolved.revision, self.target.salt)
                 batches = batches_to_embed(
                     FeedPlan(spec, started.uri, started.key, self.source_database_url, started.budget,
@@ -237,7 +238,7 @@ class JobRun:
         """The vectors table for the model's vectors, created unless it is there; refused when the index
         spec.sink.index asks for cannot take them."""
         sink = self.spec.sink
-        ensure_vectors_table(self.engine, sink.table, dimension, sink.vector_type)
+        ensure_vectors_table(self.engine, self.target.vectors, dimension, sink.vector_type)
         check_indexable(sink.hnsw, sink.vector_type, dimension)
 
     def _start_embedding(self, infos: list[WorkerInfo], skipping: int) -> None:

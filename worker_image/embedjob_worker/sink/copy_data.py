@@ -15,6 +15,7 @@ from embedjob.api import Chunking
 
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.records import chunk_owners
+from embedjob_worker.core.vector_range import largest_components, out_of_range, why_out_of_range
 
 if TYPE_CHECKING:
     from embedjob_worker.core.outcome import BatchOutcome
@@ -58,12 +59,14 @@ def copy_payload(outcomes: list[BatchOutcome], salt: bytes, vector_type: str = "
     constant_fields = b"".join(_sized(value.encode()) for value in same_on_every_row)
     yield _COPY_SIGNATURE
     for outcome in outcomes:
-        with np.errstate(over="ignore"):  # beyond float16's range: inf, refused below
-            vectors = np.asarray(outcome.vectors, dtype=component)
-        if vector_type == "halfvec" and not np.isfinite(vectors).all():
-            record = chunk_owners(outcome.records)[int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])]
-            raise JobFailed("VectorOutOfRange", f"record {record.id!r} (batch {outcome.batch_id}): a component is "
-                                                f"beyond halfvec's range (±65504); use vectorType vector")
+        # The driver failed the batches of such vectors already (dispatch); this guards every other way in.
+        largest = largest_components(outcome.vectors)
+        unstorable = out_of_range(largest, vector_type)
+        if unstorable:
+            record = chunk_owners(outcome.records)[unstorable[0]]
+            raise JobFailed("VectorOutOfRange", f"record {record.id!r} (batch {outcome.batch_id}): "
+                                                f"{why_out_of_range(largest[unstorable[0]], vector_type)}")
+        vectors = np.asarray(outcome.vectors, dtype=component)
         batch_id = outcome.batch_id.encode()
         row_end = _sized(batch_id) + constant_fields  # the batch id and the constant columns
         numbers, starts, ends, hashes, variable = [], [], [], [], []

@@ -34,18 +34,19 @@ from embedjob_worker.sink.copy_data import content_hash
 from embedjob_worker.core.errors import retry_database
 from embedjob_worker.core.logs import log_event
 from embedjob_worker.sink.runs import RunSession, latest_started_run, update_run
+from embedjob_worker.sink.target import VectorsTable
 from embedjob_worker.core.tally import RunTally
 
 log = logging.getLogger("embedjob_worker.sink.incremental")
 
 # Chunk 0 stands for its record: all of a record's chunks are written together, with the record's hash.
-_STORED_SQL = ('SELECT record_id, content_hash, batch_id FROM "{table}" WHERE collection = :collection'
+_STORED_SQL = ("SELECT record_id, content_hash, batch_id FROM {table} WHERE collection = :collection"
                " AND model = :model AND revision = :revision AND record_id = ANY(:ids) AND chunk = 0")
 _EXISTS_SQL = sa.text("SELECT to_regclass(:table) IS NOT NULL")
 # Every chunk of a record gone; the count is of records.
 _DELETE_MISSING_SQL = """
 WITH gone AS (
-  DELETE FROM "{table}" AS v
+  DELETE FROM {table} AS v
   WHERE v.collection = :collection AND v.model = :model AND v.revision = :revision
     AND NOT EXISTS (SELECT 1 FROM embedjob_seen_ids s WHERE s.run_id = :run_id AND s.record_id = v.record_id)
   RETURNING v.record_id)
@@ -67,11 +68,11 @@ class BatchChanges:
 class StoredHashes:
     """The content hashes in the vectors table for one collection, model and revision."""
 
-    def __init__(self, engine: sa.Engine, table: str, collection: str, model: str, revision: str, salt: bytes):
+    def __init__(self, engine: sa.Engine, table: VectorsTable, collection: str, model: str, revision: str, salt: bytes):
         self.engine, self.salt = engine, salt
         self.scope = {"collection": collection, "model": model, "revision": revision}
-        self.stored_sql = sa.text(_STORED_SQL.format(table=table))
-        self.quoted_table, self.table_exists = f'"{table}"', False
+        self.stored_sql = sa.text(_STORED_SQL.format(table=table.sql))
+        self.quoted_table, self.table_exists = table.sql, False
 
     def _stored(self, ids: list[str]) -> dict[str, sa.Row]:
         with self.engine.connect() as conn:
@@ -127,14 +128,14 @@ class IncrementalFeed:
         return kept
 
 
-def delete_missing(engine: sa.Engine, table: str, collection: str, run: RunSession) -> int:
+def delete_missing(engine: sa.Engine, table: VectorsTable, collection: str, run: RunSession) -> int:
     """Delete the vectors (of this collection, the run's model and revision; every chunk) whose id `run` did
     not read; how many records they were. Fenced like a batch write: JobFailed (DriverSuperseded), and nothing
     deleted, once another driver session owns the run (its seen ids are being claimed afresh)."""
     with engine.begin() as conn:
-        if not conn.execute(_EXISTS_SQL, {"table": f'"{table}"'}).scalar_one():
+        if not conn.execute(_EXISTS_SQL, {"table": table.sql}).scalar_one():
             return 0  # nothing was ever embedded into it
-        deleted = conn.execute(sa.text(_DELETE_MISSING_SQL.format(table=table)),
+        deleted = conn.execute(sa.text(_DELETE_MISSING_SQL.format(table=table.sql)),
                                {"collection": collection, "model": run.model, "revision": run.revision,
                                 "run_id": run.run_id}).scalar_one()
         update_run(conn, run, {})

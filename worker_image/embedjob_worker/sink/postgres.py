@@ -37,10 +37,10 @@ _STAGING_DDL = (
 )
 _COPY_SQL = f"COPY embedjob_staging_{{vector_type}} ({', '.join(COPY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 # New records' vectors straight into the vectors table: COPY_COLUMNS, then the values the sink sets.
-_DIRECT_COPY_SQL = (f'COPY "{{table}}" ({", ".join(COPY_COLUMNS)}, collection, model, revision, job_key)'
+_DIRECT_COPY_SQL = (f"COPY {{table}} ({', '.join(COPY_COLUMNS)}, collection, model, revision, job_key)"
                     " FROM STDIN (FORMAT BINARY)")
 _MERGE_SQL = """
-INSERT INTO "{table}" AS t (collection, record_id, chunk, model, revision, content_hash, embedding, text, char_start,
+INSERT INTO {table} AS t (collection, record_id, chunk, model, revision, content_hash, embedding, text, char_start,
                             char_end, job_key, batch_id)
 SELECT %(collection)s, s.record_id, s.chunk, %(model)s, %(revision)s, s.content_hash, s.embedding, s.text,
        s.char_start, s.char_end, %(job_key)s, s.batch_id
@@ -53,7 +53,7 @@ WHERE t.content_hash IS DISTINCT FROM excluded.content_hash
 """
 # In the merge's transaction: a written record keeps exactly its new chunks (one that got shorter loses the rest).
 _DROP_STALE_CHUNKS_SQL = """
-DELETE FROM "{table}" AS t USING (SELECT record_id, max(chunk) AS last FROM embedjob_staging_{vector_type}
+DELETE FROM {table} AS t USING (SELECT record_id, max(chunk) AS last FROM embedjob_staging_{vector_type}
                                   GROUP BY record_id) s
 WHERE t.collection = %(collection)s AND t.record_id = s.record_id AND t.model = %(model)s
   AND t.revision = %(revision)s AND t.chunk > s.last
@@ -74,7 +74,7 @@ class PostgresSink:
         self.staging_ddl, self.copy_sql = (sql.format(vector_type=target.vector_type)
                                            for sql in (_STAGING_DDL, _COPY_SQL))
         self.direct_copy_sql, self.merge_sql, self.drop_stale_chunks_sql = (
-            sql.format(table=target.table, vector_type=target.vector_type)
+            sql.format(table=target.vectors.sql, vector_type=target.vector_type)
             for sql in (_DIRECT_COPY_SQL, _MERGE_SQL, _DROP_STALE_CHUNKS_SQL))
 
     def write(self, run: RunSession, outcomes: list[BatchOutcome], bad_records: list[BadRecord],
@@ -118,7 +118,7 @@ class PostgresSink:
                 return
             except psycopg.errors.UniqueViolation as error:
                 cur.execute("ROLLBACK TO SAVEPOINT embedjob_new_records")
-                log_event(log, "new_records_already_written", table=target.table,
+                log_event(log, "new_records_already_written", table=str(target.vectors),
                           batches=len(succeeded), detail=str(error.diag.message_detail))
         cur.execute(self.staging_ddl)
         self._copy(cur, self.copy_sql, succeeded)

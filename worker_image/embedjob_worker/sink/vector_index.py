@@ -24,6 +24,7 @@ from embedjob.api import HNSW_DEFAULT_EF_CONSTRUCTION, HNSW_DEFAULT_M, VectorInd
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.tally import IndexBuild
 from embedjob_worker.core.logs import log_event
+from embedjob_worker.sink.target import VectorsTable
 
 log = logging.getLogger("embedjob_worker.sink.vector_index")
 
@@ -97,9 +98,9 @@ def _parameters(indexdef: str) -> dict[str, int]:
     return {key: int(match.group(1)) for key, match in found.items() if match}
 
 
-def ensure_index(engine: sa.Engine, table: str, vector_type: str, metric: Metric, index: VectorIndex) -> IndexBuild:
+def ensure_index(engine: sa.Engine, table: VectorsTable, vector_type: str, metric: Metric, index: VectorIndex) -> IndexBuild:
     """Build the HNSW index on `table`'s embeddings unless one with the same operator class exists."""
-    name, opclass = index_name(table, metric), metric.opclass(vector_type)
+    name, opclass = index_name(table.name, metric), metric.opclass(vector_type)
     m, ef_construction = int(index.hnsw_m), int(index.hnsw_ef_construction)
     notices: list[str] = []
     with engine.begin() as conn:
@@ -109,10 +110,10 @@ def ensure_index(engine: sa.Engine, table: str, vector_type: str, metric: Metric
         if index.build_memory_kb is not None:  # this transaction only: the pooled session keeps the server's
             conn.execute(sa.text("SELECT set_config('maintenance_work_mem', :m, true)"),
                          {"m": f"{index.build_memory_kb}kB"})
-        conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": table})
+        conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": str(table)})
         definitions = conn.execute(sa.text(
             "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-            " WHERE i.indrelid = CAST(:t AS regclass)"), {"t": f'"{table}"'}).all()
+            " WHERE i.indrelid = CAST(:t AS regclass)"), {"t": table.sql}).all()
         for existing, definition in definitions:
             if re.search(rf"USING hnsw \(embedding {opclass}\)", definition):
                 return IndexBuild(existing, built=False, note=_differs(existing, definition, m, ef_construction))
@@ -121,16 +122,16 @@ def ensure_index(engine: sa.Engine, table: str, vector_type: str, metric: Metric
         keep = lambda diagnostic: notices.append(diagnostic.message_primary or "")  # noqa: E731
         driver_connection.add_notice_handler(keep)
         try:
-            conn.execute(sa.text(f'CREATE INDEX IF NOT EXISTS "{name}" ON "{table}" USING hnsw (embedding {opclass})'
+            conn.execute(sa.text(f'CREATE INDEX IF NOT EXISTS "{name}" ON {table.sql} USING hnsw (embedding {opclass})'
                                  f" WITH (m = {m}, ef_construction = {ef_construction})"))
         finally:
             driver_connection.remove_notice_handler(keep)
         seconds = time.perf_counter() - started
         # Statistics of the freshly loaded table: without them the planner guesses that the search's filter
         # (collection, model, revision) keeps a few rows and sorts them from the primary key instead.
-        conn.execute(sa.text(f'ANALYZE "{table}"'))
+        conn.execute(sa.text(f"ANALYZE {table.sql}"))
     note = _outgrew_note(notices, index)
-    log_event(log, "index_built", index=name, table=table, opclass=opclass, m=m, ef_construction=ef_construction,
+    log_event(log, "index_built", index=name, table=str(table), opclass=opclass, m=m, ef_construction=ef_construction,
               build_memory=index.build_memory, seconds=round(seconds, 2), **({"note": note} if note else {}))
     return IndexBuild(name, built=True, seconds=seconds, note=note)
 

@@ -19,6 +19,7 @@ from embedjob import db
 
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.logs import log_event
+from embedjob_worker.sink.target import VectorsTable
 from embedjob_worker.sink.vector_index import BUILD_TIMEOUT_S
 
 log = logging.getLogger("embedjob_worker.sink.vectors_table")
@@ -32,25 +33,25 @@ CHUNK_COLUMNS = ("chunk", "char_start", "char_end")
 _quote_identifier = postgresql.dialect().identifier_preparer.quote_identifier
 
 
-def upgrade_statements(table: str, primary_key: str) -> list[str]:
+def upgrade_statements(table: VectorsTable, primary_key: str) -> list[str]:
     """What makes a vectors table from before chunking one of today's: every old row is chunk 0 of its text."""
     return [
-        f'ALTER TABLE "{table}" ADD COLUMN chunk integer NOT NULL DEFAULT 0,'
+        f'ALTER TABLE {table.sql} ADD COLUMN chunk integer NOT NULL DEFAULT 0,'
         " ADD COLUMN char_start integer NOT NULL DEFAULT 0, ADD COLUMN char_end integer",
-        f'UPDATE "{table}" SET char_end = char_length(text)',
-        f'ALTER TABLE "{table}" ALTER COLUMN chunk DROP DEFAULT, ALTER COLUMN char_start DROP DEFAULT,'
+        f'UPDATE {table.sql} SET char_end = char_length(text)',
+        f'ALTER TABLE {table.sql} ALTER COLUMN chunk DROP DEFAULT, ALTER COLUMN char_start DROP DEFAULT,'
         f" ALTER COLUMN char_end SET NOT NULL, DROP CONSTRAINT {_quote_identifier(primary_key)},"
         " ADD PRIMARY KEY (collection, record_id, chunk, model, revision)",
     ]
 
 
-def upgrade_vectors_table(engine: sa.Engine, table: str) -> bool:
+def upgrade_vectors_table(engine: sa.Engine, table: VectorsTable) -> bool:
     """Add the chunk columns to an existing vectors table that lacks them; whether it did.
     JobFailed (VectorsTableOutdated) when this role does not own the table."""
-    quoted = f'"{table}"'
+    quoted = table.sql
     with engine.begin() as conn:
         # Serialised with the table's creation and other drivers' upgrades of it.
-        conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": table})
+        conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": str(table)})
         columns = set(conn.execute(_COLUMNS_SQL, {"t": quoted}).scalars())
         if not columns or "chunk" in columns:
             return False  # not there yet (the run creates it), or already of today's shape
@@ -75,17 +76,17 @@ def upgrade_vectors_table(engine: sa.Engine, table: str) -> bool:
     return True
 
 
-def ensure_vectors_table(engine: sa.Engine, table: str, dim: int, vector_type: str) -> None:
+def ensure_vectors_table(engine: sa.Engine, table: VectorsTable, dim: int, vector_type: str) -> None:
     """Create the vectors table unless it exists; refuse one of another vector type or dimension."""
     with engine.begin() as conn:
         # Drivers of two jobs sharing a table may start together; CREATE TABLE's
         # check-then-create is not atomic (a duplicate pg_type row otherwise).
-        conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": table})
-        db.vectors_table(table, dim, vector_type=vector_type).create(conn, checkfirst=True)
+        conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": str(table)})
+        db.vectors_table(table.name, dim, vector_type=vector_type, schema=table.schema).create(conn, checkfirst=True)
         existing_type, existing_dim = conn.execute(sa.text(
             "SELECT atttypid::regtype::text, atttypmod FROM pg_attribute"
             " WHERE attrelid = CAST(:t AS regclass) AND attname = 'embedding'"
-        ), {"t": f'"{table}"'}).one()
+        ), {"t": table.sql}).one()
     if existing_type != vector_type:  # never mixed: each write and search casts to one type
         raise JobFailed("VectorTypeMismatch",
                         f"table {table} holds {existing_type}({existing_dim}) vectors but spec.sink.vectorType "

@@ -6,6 +6,11 @@ quoted with sql.Identifier; filter values are bound parameters, and the operator
 from a fixed table. Rows are fetched FETCH_ROWS at a time by a named (server-side)
 cursor, so the table is never held in memory; one query, so one snapshot of the table.
 
+The source session bounds each statement (`statement_timeout`) and each lock wait
+(`lock_timeout`, a table locked by a migration) as the driver's other sessions do: a wait
+past them ends the run `SourceUnreadable` saying so (SourceWaitExceeded), never a read that
+waits for ever while the writer's heartbeat keeps the run looking healthy.
+
 Read in id order, a table whose id column is an integer, a uuid or a text under a
 deterministic collation brings equal ids next to each other, so its duplicate ids are
 found by comparing each id with the one before (records.SortedIds) instead of claiming
@@ -30,7 +35,7 @@ import psycopg
 from psycopg import sql
 
 from embedjob.api import NULL_OPS, SOURCE_IDENTIFIER, SourceTable, TableFilter
-from embedjob.db import engine_url
+from embedjob.db import LOCK_TIMEOUT_S, STATEMENT_TIMEOUT_S, engine_url
 
 from embedjob_worker.core.records import RawRecord
 from embedjob_worker.source.snapshot import InputSnapshot
@@ -53,6 +58,14 @@ _EXACT_ORDER_TYPES = frozenset({"smallint", "integer", "bigint", "uuid", "text",
 
 class UnsafeTableSpec(ValueError):
     """An identifier or operator the driver will not put into SQL; names the field."""
+
+
+class SourceWaitExceeded(ValueError):
+    """A read of the table that waited past the source session's lock or statement timeout; says which."""
+
+
+# The source session's bounds (module docstring); set after connecting, since poolers drop startup options.
+SESSION_BOUNDS = {"statement_timeout": f"{STATEMENT_TIMEOUT_S}s", "lock_timeout": f"{LOCK_TIMEOUT_S}s"}
 
 
 def _identifier(value: str, field: str) -> sql.Identifier:
@@ -121,17 +134,28 @@ def libpq_url(url: str) -> str:
 
 
 def read_table_records(url: str, table: SourceTable) -> Iterator[RawRecord]:
-    """The table's rows as RawRecords (id as text, the text column as stored), in id order."""
+    """The table's rows as RawRecords (id as text, the text column as stored), in id order; SourceWaitExceeded
+    when a statement or lock wait outlasts its bound."""
     query, params = table_query(table)
     with psycopg.connect(libpq_url(url), connect_timeout=10, application_name="embedjob-source") as conn:
         conn.read_only = True
-        with conn.cursor(name=_CURSOR_NAME) as cur:
-            cur.execute(query, params)
-            position = 0
-            while rows := cur.fetchmany(FETCH_ROWS):  # a fetch per FETCH_ROWS rows, not a call per row
-                for record_id, text in rows:
-                    yield RawRecord(position, record_id, text)
-                    position += 1
+        for name, value in SESSION_BOUNDS.items():
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        try:
+            with conn.cursor(name=_CURSOR_NAME) as cur:
+                cur.execute(query, params)
+                position = 0
+                while rows := cur.fetchmany(FETCH_ROWS):  # a fetch per FETCH_ROWS rows, not a call per row
+                    for record_id, text in rows:
+                        yield RawRecord(position, record_id, text)
+                        position += 1
+        except psycopg.errors.LockNotAvailable:
+            raise SourceWaitExceeded(f"waited {LOCK_TIMEOUT_S} s (lock_timeout) for a lock on {table_uri(table)} that "
+                                     "another session holds (a migration, a VACUUM FULL?); run the job again once it "
+                                     "is released") from None
+        except psycopg.errors.QueryCanceled as exc:  # statement_timeout
+            raise SourceWaitExceeded(f"a read of {table_uri(table)} ran past {STATEMENT_TIMEOUT_S} s "
+                                     f"(statement_timeout): {exc}") from None
 
 
 def equal_ids_adjacent(url: str, table: SourceTable) -> bool:
