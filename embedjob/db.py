@@ -13,32 +13,10 @@ from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.types import UserDefinedType
+
+from embedjob.vector_types import VECTOR_TYPES
 
 metadata = sa.MetaData()
-
-
-class Vector(UserDefinedType):
-    """pgvector's `vector(n)`; values travel as pgvector's text form '[1,2,3]'."""
-
-    cache_ok = True
-
-    def __init__(self, dim: int):
-        self.dim = dim
-
-    def get_col_spec(self, **kw) -> str:
-        return f"vector({self.dim})"
-
-
-class HalfVector(Vector):
-    """pgvector's `halfvec(n)`: 16-bit floats, half the bytes of `vector(n)`."""
-
-    def get_col_spec(self, **kw) -> str:
-        return f"halfvec({self.dim})"
-
-
-# spec.sink.vectorType -> the column type of the vectors table's `embedding`.
-VECTOR_TYPES = {"vector": Vector, "halfvec": HalfVector}
 
 
 def _ts(name: str, **kw) -> sa.Column:
