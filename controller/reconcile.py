@@ -99,6 +99,8 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
         try:
             rayjob = await ctx.kube.create_or_get_rayjob(manifest)
         except ApiException as exc:  # a quota, an admission policy, RBAC: the job must not read as created
+            if exc.status is None or exc.status >= 500 or exc.status == 429:
+                raise  # the API server is busy or down, not refusing: kopf retries the handler
             return create_refused(manifest["metadata"]["name"], exc)
         if not owned_by(rayjob, meta):
             return Verdict(False, "RayJobConflict",

@@ -3,7 +3,9 @@ retried on the stored version; one from a spec edit (a new generation) is not, s
 never launched."""
 
 import asyncio
+import json
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 
 from controller import keeper as keeper_module
@@ -114,10 +116,14 @@ QUOTA_REFUSAL = ('{"kind":"Status","status":"Failure","message":"rayjobs.ray.io 
 
 
 class RefusingKube(StandInKube):
-    """The API server refuses the RayJob's create, as a ResourceQuota does."""
+    """The API server refuses the RayJob's create, as a ResourceQuota does (or fails it with `status`)."""
+
+    def __init__(self, status=403):
+        super().__init__()
+        self.status = status
 
     async def create_or_get_rayjob(self, manifest):
-        raise ApiException(status=403, reason="Forbidden", body=QUOTA_REFUSAL)
+        raise ApiException(status=self.status, reason="Forbidden", body=QUOTA_REFUSAL)
 
 
 def launch_and_sync(kube) -> list:
@@ -145,6 +151,17 @@ def test_a_refused_create_is_a_warning_naming_the_api_servers_message_never_crea
     assert "exceeded quota: no-rayjobs" in refused.message and "403 Forbidden" in refused.message
     last = kube.patches[-1][0]
     assert last["reason"] == "RayJobCreateRefused" and "rayJobName" not in last
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_a_create_the_api_server_could_not_answer_is_retried_not_reported_refused(status):
+    """A busy or failing API server refuses nothing: the handler fails for kopf to retry, and the status says
+    neither RayJobCreateRefused nor RayJobCreated."""
+    kube = RefusingKube(status)
+    with pytest.raises(ApiException):
+        launch_and_sync(kube)
+    written = json.dumps([patch for patch, _ in kube.patches])
+    assert "ReviewPassed" in written and "RayJobCreateRefused" not in written and "RayJobCreated" not in written
 
 
 def test_rayjob_created_is_announced_once_the_rayjob_exists():
