@@ -219,7 +219,7 @@ def test_the_default_pod_policy_is_the_restrictive_one_for_the_admission_policy_
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert binding["spec"]["paramRef"] == {"name": params["metadata"]["name"], "namespace": RELEASE_NAMESPACE,
-                                           "parameterNotFoundAction": "Deny"}
+                                           "parameterNotFoundAction": "Allow"}
     assert "matchResources" not in binding["spec"]  # cluster-wide, as the operator
 
 

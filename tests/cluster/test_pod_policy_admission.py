@@ -6,6 +6,7 @@ operator's RayJob would have KubeRay create for a job the policy was opened for.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -214,3 +215,22 @@ def opened_pod_refused_by_pod_security(kube, namespace: str, opened: dict[str, s
     res = kube.kubectl("create", "-f", "-", input=json.dumps(pod), check=False)
     assert res.returncode != 0, res.stdout
     assert 'violates PodSecurity "restricted:latest"' in res.stderr and "SYS_ADMIN" in res.stderr, res.stderr
+
+
+def test_a_policy_left_without_its_params_refuses_nothing(kube, namespace, pod_policy):
+    """The release's namespace deleted without `helm uninstall`: the cluster-scoped policy and binding stay and
+    their ConfigMap is gone. They must not refuse every job of the cluster (nor the finalizer removals that
+    deleting a namespace needs): each try over 10 s, after the policy reached admission, is stored."""
+    left = [o for o in render_chart(VALUES, namespace="pod-policy-gone")
+            if o["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")]
+    for obj in left:
+        kube.kubectl("apply", "-f", "-", input=json.dumps(obj))
+    try:
+        time.sleep(5)  # policies reach admission through informers
+        for attempt in range(5):
+            res = apply(kube, namespace, f"left-{attempt}", ALLOWED)
+            assert res.returncode == 0, res.stderr
+            time.sleep(2)
+    finally:
+        for obj in left:
+            kube.kubectl("delete", obj["kind"], obj["metadata"]["name"], "--ignore-not-found", check=False)
