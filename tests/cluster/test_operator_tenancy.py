@@ -9,7 +9,6 @@ controller ownerReference, and the name of an unrelated RayJob in team-b.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
@@ -18,25 +17,12 @@ import pytest
 from plugins.operator_process import namespaced_grant
 from support.kubectl import apply_job, create_database_secret, get_json, rayjobs, wait_for_condition
 from support.polling import wait_until
+from support.tenancy import apply, forged_rayjob, rayjob
 
 pytestmark = pytest.mark.k8s
 
 DB_URL = "postgresql://writer:secret@db.example:5432/embed"
 UNRELATED = "nightly-report"  # team-b's own RayJob, nothing to do with embedjob
-
-
-def rayjob(namespace: str, name: str, suspend: bool, labels: dict | None = None,
-           owner: dict | None = None) -> dict:
-    return {"apiVersion": "ray.io/v1", "kind": "RayJob",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels or {},
-                         "ownerReferences": [owner] if owner else []},
-            "spec": {"entrypoint": "python -c 'print(1)'", "suspend": suspend,
-                     "rayClusterSpec": {"headGroupSpec": {"rayStartParams": {}, "template": {"spec": {
-                         "containers": [{"name": "ray-head", "image": "rayproject/ray:2.60.0"}]}}}}}}
-
-
-def apply(kube, *objects: dict) -> None:
-    kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
 
 
 def test_a_forged_rayjob_in_another_namespace_neither_stands_in_for_nor_steers_a_job(kube, namespace, start_operator):
@@ -50,11 +36,7 @@ def test_a_forged_rayjob_in_another_namespace_neither_stands_in_for_nor_steers_a
         # watch from its first moment (as when the attacker is quicker than the operator).
         victim = apply_job(kube, team_b, "victim")
         uid = victim["metadata"]["uid"]
-        apply(kube, rayjob(team_a, UNRELATED, suspend=False,
-                           labels={"app.kubernetes.io/managed-by": "embedjob", "embedjob.dev/job-uid": uid,
-                                   "embedjob.dev/job-name": "victim"},
-                           owner={"apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "name": "victim",
-                                  "uid": uid, "controller": True}))
+        apply(kube, forged_rayjob(team_a, UNRELATED, victim))
 
         operator = start_operator(kube, team_a, EMBEDJOB_WATCH_NAMESPACES=f"{team_a},{team_b}")
         job = wait_for_condition(kube, team_b, "victim", "Accepted")
