@@ -2,32 +2,19 @@
 
 Each test creates objects with kubectl on the envtest API server and watches what the
 real kube-scheduler, kube-controller-manager (Job, garbage collector, namespace,
-EndpointSlice, ServiceAccount controllers) and the test node agent make of them.
+ServiceAccount controllers) and the test node agent make of them. Pods that reach
+Services, the API server and Ray: test_real_node_network.py.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 from envtest.node.agent import runtime_tmp_paths
-
-
-def _phase(*phases):
-    return lambda pod: pod.get("status", {}).get("phase") in phases
-
-
-def _json(kube, *args) -> dict:
-    return json.loads(kube.kubectl(*args, "-o", "json").stdout)
-
-
-def _message(pod: dict, container: str) -> dict:
-    status = next(s for s in pod["status"]["containerStatuses"] if s["name"] == container)
-    return json.loads(status["state"]["terminated"]["message"])
-
+from support.node_pods import kubectl_json, phase_in, termination_message
 
 WIRING_SCRIPT = r"""
 import json, os, socket
@@ -87,12 +74,12 @@ def test_pod_with_init_container_env_and_secret_volume_succeeds(kube, real_node,
         },
     }
     kube.kubectl("create", "-f", "-", input=json.dumps(pod))
-    done = real_node.wait_for_pod(namespace, "wiring", _phase("Succeeded", "Failed"), what="a final phase")
+    done = real_node.wait_for_pod(namespace, "wiring", phase_in("Succeeded", "Failed"), what="a final phase")
     assert done["status"]["phase"] == "Succeeded", json.dumps(done["status"], indent=1)
     assert done["spec"]["nodeName"] == real_node.name  # bound by the real scheduler
     init = done["status"]["initContainerStatuses"][0]
     assert init["state"]["terminated"]["exitCode"] == 0 and init["state"]["terminated"]["reason"] == "Completed"
-    out = _message(done, "main")
+    out = termination_message(done, "main")
     pod_ip = done["status"]["podIP"]
     assert out == {
         "PASSWORD": "s3cret", "GREETING": "hello", "POD_IP": pod_ip, "POD_NAME": "wiring", "POD_NS": namespace,
@@ -112,14 +99,14 @@ def test_pod_with_init_container_env_and_secret_volume_succeeds(kube, real_node,
     assert conditions["Ready"]["status"] == "False" and conditions["Ready"]["reason"] == "PodCompleted"
 
 
-def test_failing_container_reports_exit_code_and_failed_phase(kube, real_node, namespace):
+def test_failing_container_reports_exit_code_and_failedphase_in(kube, real_node, namespace):
     kube.apply(json.dumps({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "fails", "namespace": namespace},
         "spec": {"restartPolicy": "Never", "containers": [{
             "name": "main", "image": "x", "command": ["sh", "-c", "echo bad input >&2; exit 3"],
             "terminationMessagePolicy": "FallbackToLogsOnError"}]},
     }), namespace=namespace)
-    done = real_node.wait_for_pod(namespace, "fails", _phase("Succeeded", "Failed"), what="a final phase")
+    done = real_node.wait_for_pod(namespace, "fails", phase_in("Succeeded", "Failed"), what="a final phase")
     assert done["status"]["phase"] == "Failed"
     term = done["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (term["exitCode"], term["reason"], term["message"]) == (3, "Error", "bad input")
@@ -142,7 +129,7 @@ def test_liveness_failure_restarts_the_container_and_readiness_gates_ready(kube,
     status = ready["status"]["containerStatuses"][0]
     assert status["restartCount"] == 1 and status["ready"] and "running" in status["state"]
     assert status["lastState"]["terminated"]["exitCode"] == 128 + 15  # SIGTERM from the liveness kill
-    events = _json(kube, "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=flaky")["items"]
+    events = kubectl_json(kube, "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=flaky")["items"]
     reasons = {e["reason"] for e in events}
     assert {"Unhealthy", "Killing", "Started"} <= reasons, reasons
 
@@ -158,107 +145,15 @@ def test_job_runs_to_complete_through_the_job_controller(kube, real_node, namesp
     }
     kube.kubectl("create", "-f", "-", input=json.dumps(job))
     kube.kubectl("wait", "--for=condition=Complete", "job/count", "-n", namespace, "--timeout=180s", timeout=200)
-    status = _json(kube, "get", "job", "count", "-n", namespace)["status"]
+    status = kubectl_json(kube, "get", "job", "count", "-n", namespace)["status"]
     assert status["succeeded"] == 2 and status.get("failed", 0) == 0
-    pods = _json(kube, "get", "pods", "-n", namespace, "-l", "job-name=count")["items"]
+    pods = kubectl_json(kube, "get", "pods", "-n", namespace, "-l", "job-name=count")["items"]
     assert sorted(p["status"]["phase"] for p in pods) == ["Succeeded", "Succeeded"]
     outputs = sorted(real_node.container_log(namespace, p["metadata"]["name"], "work").strip() for p in pods)
     assert outputs == ["index 0", "index 1"]
 
 
-SERVER_SCRIPT = "import http.server, functools; " \
-    "h = functools.partial(http.server.SimpleHTTPRequestHandler, directory='/srv'); " \
-    "http.server.ThreadingHTTPServer(('0.0.0.0', 8080), h).serve_forever()"
-
-CLIENT_SCRIPT = r"""
-import json, os, socket, urllib.request
-out = {}
-for name in ("web", "web.%(ns)s", "web.%(ns)s.svc", "web.%(ns)s.svc.cluster.local", os.environ["WEB_SERVICE_HOST"]):
-    with urllib.request.urlopen(f"http://{name}/index.html", timeout=10) as resp:
-        out[name] = resp.read().decode()
-out["resolved"] = socket.gethostbyname("web.%(ns)s.svc.cluster.local")
-try:
-    socket.create_connection((os.environ["EMPTY_SERVICE_HOST"], 80), timeout=5)
-    out["empty"] = "connected"
-except ConnectionRefusedError:
-    out["empty"] = "refused"
-open("/dev/termination-log", "w").write(json.dumps(out))
-"""
-
-
-def test_pod_reaches_a_service_by_dns_name_and_cluster_ip(kube, real_node, namespace):
-    kube.kubectl("create", "configmap", "site", "-n", namespace, "--from-literal=index.html=served by web")
-    server = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": namespace, "labels": {"app": "web"}},
-        "spec": {"containers": [{
-            "name": "http", "image": "python", "command": ["python", "-c", SERVER_SCRIPT],
-            "ports": [{"name": "http", "containerPort": 8080}],
-            "readinessProbe": {"httpGet": {"path": "/index.html", "port": "http"}, "periodSeconds": 1},
-            "livenessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 2},
-            "volumeMounts": [{"name": "site", "mountPath": "/srv"}]}],
-            "volumes": [{"name": "site", "configMap": {"name": "site"}}]},
-    }
-    services = [{"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
-                 "spec": {"selector": {"app": app}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}
-                for name, app in (("web", "web"), ("empty", "nothing"))]
-    kube.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                         "items": [server, *services]}))
-    ready = real_node.wait_for_pod(namespace, "web", lambda p: any(
-        c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", [])),
-        what="Ready")
-    # the real EndpointSlice controller publishes the ready pod
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        slices = _json(kube, "get", "endpointslices", "-n", namespace, "-l", "kubernetes.io/service-name=web")
-        addrs = [a for s in slices["items"] for e in s.get("endpoints") or [] for a in e["addresses"]]
-        if addrs == [ready["status"]["podIP"]]:
-            break
-        time.sleep(0.5)
-    else:
-        raise AssertionError(f"EndpointSlice of web never listed the pod: {slices}")
-    # the API server's service proxy reaches the pod from the host (KubeRay's --use-kubernetes-proxy path)
-    proxied = kube.kubectl("get", "--raw", f"/api/v1/namespaces/{namespace}/services/web:http/proxy/index.html")
-    assert proxied.stdout == "served by web"
-    client = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client", "namespace": namespace},
-        "spec": {"restartPolicy": "Never", "containers": [{
-            "name": "get", "image": "python", "command": ["python", "-c", CLIENT_SCRIPT % {"ns": namespace}],
-            "terminationMessagePolicy": "FallbackToLogsOnError"}]},
-    }
-    kube.kubectl("create", "-f", "-", input=json.dumps(client))
-    done = real_node.wait_for_pod(namespace, "client", _phase("Succeeded", "Failed"), what="a final phase")
-    assert done["status"]["phase"] == "Succeeded", json.dumps(done["status"], indent=1)
-    out = _message(done, "get")
-    cluster_ip = _json(kube, "get", "service", "web", "-n", namespace)["spec"]["clusterIP"]
-    assert out.pop("resolved") == cluster_ip
-    assert out.pop("empty") == "refused"
-    assert set(out.values()) == {"served by web"} and len(out) == 5, out
-
-
-def test_pod_reaches_the_api_server_with_its_serviceaccount_token(kube, real_node, namespace):
-    kube.kubectl("create", "rolebinding", "read-pods", "-n", namespace, "--clusterrole=view",
-                 f"--serviceaccount={namespace}:default")
-    script = r"""
-import json, ssl, urllib.request
-sa = "/var/run/secrets/kubernetes.io/serviceaccount"
-ns = open(f"{sa}/namespace").read()
-ctx = ssl.create_default_context(cafile=f"{sa}/ca.crt")
-req = urllib.request.Request(f"https://kubernetes.default.svc/api/v1/namespaces/{ns}/pods",
-                             headers={"Authorization": "Bearer " + open(f"{sa}/token").read()})
-items = json.load(urllib.request.urlopen(req, context=ctx, timeout=10))["items"]
-open("/dev/termination-log", "w").write(json.dumps(sorted(p["metadata"]["name"] for p in items)))
-"""
-    kube.kubectl("create", "-f", "-", input=json.dumps({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "in-cluster", "namespace": namespace},
-        "spec": {"restartPolicy": "Never", "containers": [{
-            "name": "list", "image": "python", "command": ["python", "-c", script],
-            "terminationMessagePolicy": "FallbackToLogsOnError"}]}}))
-    done = real_node.wait_for_pod(namespace, "in-cluster", _phase("Succeeded", "Failed"), what="a final phase")
-    assert done["status"]["phase"] == "Succeeded", json.dumps(done["status"], indent=1)
-    assert _message(done, "list") == ["in-cluster"]
-
-
-def test_unsatisfiable_request_stays_pending_with_the_schedulers_message(kube, real_node, namespace):
+def test_unsatisfiable_request_stays_pending_with_the_schedulerstermination_message(kube, real_node, namespace):
     def pod(name, resources):
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
                 "spec": {"restartPolicy": "Never", "containers": [{
@@ -279,10 +174,10 @@ def test_unsatisfiable_request_stays_pending_with_the_schedulers_message(kube, r
         assert f"Insufficient {resource}" in message, message
         assert pending["status"]["phase"] == "Pending" and not pending["spec"].get("nodeName")
     # the node advertises GPUs (no GPU is used: the container runs on the CPU)
-    gpu = real_node.wait_for_pod(namespace, "one-gpu", _phase("Succeeded", "Failed"), what="a final phase")
+    gpu = real_node.wait_for_pod(namespace, "one-gpu", phase_in("Succeeded", "Failed"), what="a final phase")
     assert gpu["status"]["phase"] == "Succeeded"
     time.sleep(2)
-    assert _json(kube, "get", "pod", "too-big", "-n", namespace)["status"]["phase"] == "Pending"
+    assert kubectl_json(kube, "get", "pod", "too-big", "-n", namespace)["status"]["phase"] == "Pending"
 
 
 TERM_SCRIPT = r"""
@@ -314,7 +209,7 @@ def test_deleting_owner_and_namespace_removes_pods_through_gc_and_namespace_cont
             "spec": {"terminationGracePeriodSeconds": 5, "containers": [container]}}
     kube.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [rs, bare]}))
     kube.kubectl("wait", "--for=condition=Ready", "pod", "--all", "-n", ns, "--timeout=120s", timeout=150)
-    owned = [p["metadata"]["name"] for p in _json(kube, "get", "pods", "-n", ns, "-l", "app=owned")["items"]]
+    owned = [p["metadata"]["name"] for p in kubectl_json(kube, "get", "pods", "-n", ns, "-l", "app=owned")["items"]]
     assert len(owned) == 2
     # orphan-free delete of the owner: the garbage collector deletes its pods, the node stops them
     kube.kubectl("delete", "replicaset", "owned", "-n", ns, "--cascade=background")
@@ -344,7 +239,7 @@ def test_agent_killed_with_sigkill_leaves_nothing_behind(kube, real_node, tmp_pa
         kube.kubectl("create", "-f", "-", input=json.dumps({
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orphan", "namespace": ns},
             "spec": {"nodeName": name, "containers": [{"name": "c", "image": "x", "command": ["sleep", "600"]}]}}))
-        running = real_node.wait_for_pod(ns, "orphan", _phase("Running"), what="Running")
+        running = real_node.wait_for_pod(ns, "orphan", phase_in("Running"), what="Running")
         pid = int(running["status"]["containerStatuses"][0]["containerID"].rpartition("/")[2])
         assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"600"]
         assert any(item.startswith("netns ") for item in real_node.leftovers(run_id))
@@ -363,63 +258,3 @@ def test_agent_killed_with_sigkill_leaves_nothing_behind(kube, real_node, tmp_pa
             agent.wait()
         kube.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
         kube.kubectl("delete", "node", name, "--ignore-not-found", check=False)
-
-
-RAY_CLUSTER = """
-apiVersion: ray.io/v1
-kind: RayCluster
-metadata:
-  name: raycluster
-spec:
-  rayVersion: "2.60.0"
-  headGroupSpec:
-    rayStartParams:
-      num-cpus: "1"
-    template:
-      spec:
-        containers:
-        - name: ray-head
-          image: rayproject/ray:2.60.0
-          resources:
-            requests: {cpu: "1", memory: 2Gi}
-            limits: {cpu: "1", memory: 2Gi}
-  workerGroupSpecs:
-  - groupName: cpu
-    replicas: 1
-    minReplicas: 1
-    maxReplicas: 1
-    rayStartParams:
-      num-cpus: "1"
-    template:
-      spec:
-        containers:
-        - name: ray-worker
-          image: rayproject/ray:2.60.0
-          resources:
-            requests: {cpu: "1", memory: 1Gi}
-            limits: {cpu: "1", memory: 1Gi}
-"""
-
-
-def test_kuberay_raycluster_head_and_worker_run_ray_for_real(kube, real_node, kuberay_operator, namespace):
-    kube.apply(RAY_CLUSTER, namespace=namespace)
-    deadline = time.monotonic() + 300
-    while True:
-        rc = _json(kube, "get", "raycluster", "raycluster", "-n", namespace)
-        if rc.get("status", {}).get("state") == "ready":
-            break
-        if time.monotonic() > deadline:
-            pods = kube.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
-            raise AssertionError(f"RayCluster not ready: {json.dumps(rc.get('status'), indent=1)}\n{pods}\n"
-                                 f"{real_node.log_tail()}\n{kuberay_operator.log_tail(30)}")
-        time.sleep(2)
-    pods = _json(kube, "get", "pods", "-n", namespace, "-l", "ray.io/cluster=raycluster")["items"]
-    kinds = sorted(p["metadata"]["labels"]["ray.io/node-type"] for p in pods)
-    assert kinds == ["head", "worker"]
-    assert all(p["status"]["phase"] == "Running" for p in pods)
-    head = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
-    # the head's dashboard, from the host through the bridge: two Ray nodes alive
-    with urllib.request.urlopen(f"http://{head['status']['podIP']}:8265/nodes?view=summary", timeout=10) as resp:
-        summary = json.load(resp)
-    alive = [n for n in summary["data"]["summary"] if n["raylet"]["state"] == "ALIVE"]
-    assert len(alive) == 2, summary

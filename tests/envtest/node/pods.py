@@ -1,15 +1,15 @@
 """One pod on the test node, from its sandbox to its deletion (a thread per pod).
 
-Sandbox: a network namespace with the pod's IP on the run's bridge, the pod's
-/etc/hosts and /etc/resolv.conf (kept current by services.py), its volumes.
+Sandbox (pod_sandbox.py): a network namespace with the pod's IP on the run's bridge, the
+pod's /etc/hosts and /etc/resolv.conf (kept current by services.py), its volumes.
 Init containers run one at a time, in order, each to success; then every container
-starts (each one's process tree, exit record and restart back-off: containers.py);
-restarts follow ``restartPolicy``. Probes: probes.py.
+starts (container_start.py; each one's process tree, exit record and restart back-off:
+containers.py); restarts follow ``restartPolicy``. Probes: probes.py.
 
-The status written back (strategic merge patch of pods/status) carries phase,
-conditions (PodReadyToStartContainers, Initialized, ContainersReady, Ready), pod and
-host IPs, startTime and a status per container (waiting/running/terminated with exit
-code, reason, termination message, restartCount, lastState, ready, started).
+The status written back (strategic merge patch of pods/status; computed in pod_status.py)
+carries phase, conditions (PodReadyToStartContainers, Initialized, ContainersReady, Ready),
+pod and host IPs, startTime and a status per container (waiting/running/terminated with
+exit code, reason, termination message, restartCount, lastState, ready, started).
 
 Deletion: preStop is not run; SIGTERM to each container's main process, the pod's
 grace period, SIGKILL to whatever is left in its cgroups, then the pod object is
@@ -19,18 +19,17 @@ deleted with grace 0 (UID precondition), as the kubelet does.
 from __future__ import annotations
 
 import json
-import shlex
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envtest.images.runtime import ContainerConfigError
-
-from . import envvars, images, probes, volumes
-from .containers import BACKOFF_MAX, Container, Run, container_mounts, launch, stop_run
+from . import volumes
+from .container_start import start_container
+from .containers import Container, stop_run
 from .kubeapi import ApiError, now_rfc3339
+from .pod_sandbox import PodSandbox
+from .pod_status import PodStatus
 
 if TYPE_CHECKING:
     from .agent import Node
@@ -49,19 +48,12 @@ class PodWorker(threading.Thread):
         self._latest = pod
         self.gone = threading.Event()  # the API object no longer exists
         self.stopping = threading.Event()  # the agent shuts down
-        self.slot: int | None = None
-        self.netns = ""
-        self.pod_ip = ""
-        self.volumes: dict[str, Path] = {}
-        self.memory_dirs: list[Path] = []
-        self.start_time = ""
-        self.conditions: dict[str, dict] = {}
-        self.phase = "Pending"
+        self.sandbox = PodSandbox(node, pod, self.dir)
+        self.status = PodStatus()
         spec = pod["spec"]
         self.inits = [Container(c, True) for c in spec.get("initContainers", [])]
         self.containers = [Container(c, False) for c in spec["containers"]]
         self._patched: str = ""
-        self.sandbox_down = False
 
     # -- called from the agent's threads -------------------------------------------------
     def update(self, pod: dict) -> None:
@@ -83,7 +75,7 @@ class PodWorker(threading.Thread):
             self.log("worker crashed:\n" + traceback.format_exc())
             self._kill_all(grace=0)
         finally:
-            self._teardown_sandbox()
+            self.sandbox.teardown()
             self.node.worker_done(self)
 
     def _deleting(self) -> bool:
@@ -93,9 +85,14 @@ class PodWorker(threading.Thread):
         if self._interrupted():  # deleted before it ever ran here
             return self._finish()
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.start_time = now_rfc3339()
-        self._set_condition("PodScheduled", "True")
-        self._sandbox()
+        self.status.start_time = now_rfc3339()
+        self.status.set_condition("PodScheduled", "True")
+        self.sandbox.create(self.log)
+        self.status.set_condition("PodReadyToStartContainers", "True")
+        self.status.set_condition("Initialized", "False" if self.inits else "True",
+                                  "ContainersNotInitialized" if self.inits else "")
+        self.status.set_condition("ContainersReady", "False", "ContainersNotReady")
+        self.status.set_condition("Ready", "False", "ContainersNotReady")
         self._sync()
         while not self._volumes_ready():
             if self._interrupted():
@@ -108,15 +105,15 @@ class PodWorker(threading.Thread):
                 if self._interrupted():
                     return self._finish()
                 self._step(c)
-                self._compute_phase()
-                if self.phase == "Failed":
+                self.status.update_phase(self.inits, self.containers)
+                if self.status.phase == "Failed":
                     break
                 self._sync()
                 time.sleep(POLL)
-            if self.phase == "Failed":
+            if self.status.phase == "Failed":
                 break
-        if self.phase != "Failed":
-            self._set_condition("Initialized", "True")
+        if self.status.phase != "Failed":
+            self.status.set_condition("Initialized", "True")
             while True:
                 if self._interrupted():
                     return self._finish()
@@ -128,7 +125,7 @@ class PodWorker(threading.Thread):
                 time.sleep(POLL)
         # terminal: the sandbox goes, the pod object stays until it is deleted
         self._sync()
-        self._teardown_sandbox()
+        self.sandbox.teardown()
         while not self._interrupted():
             time.sleep(POLL)
         self._finish()
@@ -157,70 +154,9 @@ class PodWorker(threading.Thread):
                 self.log(f"delete failed: {exc}")
 
     # -- sandbox and volumes -------------------------------------------------------------
-    def _sandbox(self) -> None:
-        self.slot, self.netns, self.pod_ip = self.node.network.add_pod()
-        self.log(f"sandbox {self.netns} ip {self.pod_ip}")
-        spec = self.pod["spec"]
-        hostname = spec.get("hostname") or self.pod_name
-        self.hostname = hostname[:63]
-        own = f"{self.pod_ip}\t{hostname}"
-        if spec.get("subdomain"):
-            own += f"\t{hostname}.{spec['subdomain']}.{self.ns}.svc.{self.node.cluster_domain}"
-        for alias in spec.get("hostAliases", []):
-            own += f"\n{alias['ip']}\t{' '.join(alias.get('hostnames', []))}"
-        self.hosts = self.dir / "etc-hosts"
-        self.resolv = self.dir / "resolv.conf"
-        domain = self.node.cluster_domain
-        self.resolv.write_text(f"search {self.ns}.svc.{domain} svc.{domain} {domain}\noptions ndots:5\n")
-        self.node.services.add_pod(self.uid, self.netns, self.ns, self.hosts, own)
-        self._set_condition("PodReadyToStartContainers", "True")
-        self._set_condition("Initialized", "False" if self.inits else "True",
-                            "ContainersNotInitialized" if self.inits else "")
-        self._set_condition("ContainersReady", "False", "ContainersNotReady")
-        self._set_condition("Ready", "False", "ContainersNotReady")
-
-    def _teardown_sandbox(self) -> None:
-        if self.sandbox_down:
-            return
-        self.sandbox_down = True
-        self.node.services.remove_pod(self.uid)
-        if self.slot is not None:
-            self.node.network.remove_pod(self.slot)
-        volumes.remove(self.dir, self.memory_dirs)
-
-    def _lookup(self, kind: str, name: str) -> dict | None:
-        plural = {"Secret": "secrets", "ConfigMap": "configmaps"}[kind]
-        try:
-            return self.node.client.get(f"/api/v1/namespaces/{self.ns}/{plural}/{name}")
-        except ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def _token(self, sa: str, audiences: list[str], seconds: int) -> str:
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                "spec": {"audiences": audiences, "expirationSeconds": seconds,
-                         "boundObjectRef": {"apiVersion": "v1", "kind": "Pod",
-                                            "name": self.pod_name, "uid": self.uid}}}
-        for attempt in range(20):  # the node authorizer learns of a new pod a moment later
-            try:
-                res = self.node.client.create(f"/api/v1/namespaces/{self.ns}/serviceaccounts/{sa}/token", body)
-                return res["status"]["token"]
-            except ApiError as exc:
-                if exc.status != 403 or attempt == 19:
-                    raise
-                time.sleep(0.5)
-        raise AssertionError("unreachable")
-
     def _volumes_ready(self) -> bool:
-        def shm(name: str) -> Path:
-            path = self.node.names.shm_dir(self.uid, name)
-            self.memory_dirs.append(path)
-            return path
-
         try:
-            self.volumes = volumes.prepare(self.latest(), self.dir, shm, self._lookup, self._token,
-                                           self.node.allocatable)
+            self.sandbox.prepare_volumes(self.latest())
             return True
         except (volumes.VolumeError, ApiError) as exc:
             msg = f"MountVolume.SetUp failed: {exc}"
@@ -236,7 +172,7 @@ class PodWorker(threading.Thread):
             return
         if c.run is None:
             if time.monotonic() >= c.next_start:
-                self._start(c)
+                start_container(self, c)
             return
         run = c.run
         code = run.proc.poll()
@@ -261,96 +197,14 @@ class PodWorker(threading.Thread):
             return probe["terminationGracePeriodSeconds"]
         return self.pod["spec"].get("terminationGracePeriodSeconds", 30)
 
-    def _start(self, c: Container) -> None:
-        pod = self.latest()
-        spec = c.spec
-        services_env = self.node.services.service_env(self.ns)
-        base = {**self.node.image_env, "PATH": self.node.path, "HOSTNAME": self.hostname, "HOME": "/root"}
-        in_image = images.from_harness(spec.get("image", ""))
-        if in_image:
-            c.pull_failures += 1
-            waiting = images.pull_failure(spec["image"], c.pull_failures)
-            if waiting is not None:
-                c.state = {"waiting": waiting}
-                c.next_start = time.monotonic() + min(BACKOFF_MAX, 5 * 2 ** c.pull_failures)
-                return
-            c.pull_failures = 0
-            base = {**images.image_env(spec["image"]), "HOSTNAME": self.hostname}
-        try:
-            env = envvars.resolve(self._view(pod), spec, self._lookup, base, services_env,
-                                  self.node.allocatable)
-        except (envvars.EnvError, ApiError) as exc:
-            c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
-            c.next_start = time.monotonic() + 2
-            return
-        unexpanded = images.container_argv(spec["image"], spec) if in_image else spec.get("command", []) + spec.get("args", [])
-        argv = [envvars.expand(a, env) for a in unexpanded]
-        cdir = self.dir / "containers" / f"{c.name}-{c.restarts}"
-        pod_files = {"/etc/hosts": self.hosts, "/etc/resolv.conf": self.resolv}
-        try:
-            mounts = container_mounts(spec, env, cdir, pod_files, [] if in_image else self.node.tmp_keep, self.volumes)
-        except volumes.VolumeError as exc:
-            c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
-            c.next_start = time.monotonic() + 2
-            return
-        cgroup = self.node.names.cgroup / f"{self.uid[:8]}-{c.name}-{c.restarts}"
-        cgroup.mkdir(parents=True, exist_ok=True)
-        launch_spec = {"hostname": self.hostname, "mounts": mounts, "cwd": spec.get("workingDir") or "/",
-                       "masks": [{"dst": "/root", "keep": self.node.home_keep}], "argv": argv, "env": env}
-        log_path = self.dir / "logs" / f"{c.name}-{c.restarts}.log"
-        if in_image:
-            try:
-                proc, error = images.start(pod["spec"], spec, argv, env, mounts, self.netns, self.hostname, cgroup,
-                                           cdir / "container.json", log_path), ""
-            except ContainerConfigError as exc:
-                c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
-                c.next_start = time.monotonic() + 2
-                return
-        else:
-            proc, error = launch(self.netns, cgroup, cdir / "launch.json", launch_spec, log_path)
-        started = now_rfc3339()
-        if error:
-            self.log(f"container {c.name} failed to start: {error}")
-            self.node.event(pod, "Failed", f"Error: {error}", "Warning")
-            self._terminated(c, {"exitCode": 128, "reason": "StartError", "message": error,
-                                 "startedAt": started, "finishedAt": now_rfc3339()})
-            return
-        run = Run(proc=proc, cgroup=cgroup, log=log_path, termlog=cdir / "termination-log", env=env,
-                  started_at=started, t0=time.monotonic())
-        c.run = run
-        c.state = {"running": {"startedAt": started}}
-        self.node.event(pod, "Started", f"Started container {c.name}")
-        self.log(f"container {c.name} started (pid {proc.pid}): {shlex.join(argv)[:200]!r}")
-        if not c.init:
-            gate = None
-            if spec.get("startupProbe"):
-                run.probers["startupProbe"] = probes.Prober("startup", spec["startupProbe"], spec, self.pod_ip,
-                                                            proc.pid, env)
-                gate = run.startup_ok
-            else:
-                run.startup_ok.set()
-            for kind in ("readinessProbe", "livenessProbe"):
-                if spec.get(kind):
-                    run.probers[kind] = probes.Prober(kind.replace("Probe", ""), spec[kind], spec, self.pod_ip,
-                                                      proc.pid, env, gate)
-            for prober in run.probers.values():
-                prober.start()
-
-    def _view(self, pod: dict) -> dict:
-        """``pod`` with the addresses this node gave it (the API object may not show them yet)."""
-        gw = self.node.network.gateway
-        status = {**pod.get("status", {}), "podIP": self.pod_ip, "podIPs": [{"ip": self.pod_ip}],
-                  "hostIP": gw, "hostIPs": [{"ip": gw}]}
-        return {**pod, "status": status}
-
     def _reap(self, c: Container, code: int) -> None:
         run = c.run
         term = c.exited(code)
         why = f" ({run.kill_reason})" if run.kill_reason else ""
         self.log(f"container {c.name} exited {term['exitCode']}{why}")
-        self._terminated(c, term, time.monotonic() - run.t0)
+        self.terminated(c, term, time.monotonic() - run.t0)
 
-    def _terminated(self, c: Container, term: dict, ran: float = 0.0) -> None:
+    def terminated(self, c: Container, term: dict, ran: float = 0.0) -> None:
         restart = c.should_restart(term["exitCode"], self.pod["spec"].get("restartPolicy", "Always"))
         if not restart or self._interrupted():
             c.state = {"terminated": term}
@@ -382,47 +236,10 @@ class PodWorker(threading.Thread):
             c.done = True  # one never started keeps its waiting state
 
     # -- status --------------------------------------------------------------------------
-    def _set_condition(self, kind: str, status: str, reason: str = "", message: str = "") -> None:
-        old = self.conditions.get(kind)
-        if old and old["status"] == status and old.get("reason", "") == reason:
-            return
-        cond = {"type": kind, "status": status, "lastTransitionTime": now_rfc3339(), "lastProbeTime": None}
-        if reason:
-            cond["reason"] = reason
-        if message:
-            cond["message"] = message
-        self.conditions[kind] = cond
-
-    def _compute_phase(self) -> None:
-        if self.phase not in ("Succeeded", "Failed"):  # terminal phases are final
-            if any(c.done and c.exit_code for c in self.inits):
-                self.phase = "Failed"
-            elif all(c.done for c in self.containers):
-                self.phase = "Succeeded" if all(c.exit_code == 0 for c in self.containers) else "Failed"
-            elif any(c.run is not None or c.restarts or c.done for c in self.containers):
-                self.phase = "Running"
-            else:
-                self.phase = "Pending"
-        terminal_phase = self.phase in ("Succeeded", "Failed")
-        ready = all(c.ready for c in self.containers) and not terminal_phase
-        reason = "PodCompleted" if terminal_phase else "ContainersNotReady"
-        self._set_condition("ContainersReady", "True" if ready else "False", "" if ready else reason)
-        self._set_condition("Ready", "True" if ready else "False", "" if ready else reason)
-
     def _sync(self) -> None:
         """Patch the pod's status if it changed since the last patch."""
-        self._compute_phase()
-        status = {
-            "phase": self.phase,
-            "conditions": list(self.conditions.values()),
-            "hostIP": self.node.network.gateway, "hostIPs": [{"ip": self.node.network.gateway}],
-            "startTime": self.start_time,
-            "initContainerStatuses": [c.status() for c in self.inits],
-            "containerStatuses": [c.status() for c in self.containers],
-        }
-        if self.pod_ip:
-            status["podIP"] = self.pod_ip
-            status["podIPs"] = [{"ip": self.pod_ip}]
+        self.status.update_phase(self.inits, self.containers)
+        status = self.status.body(self.inits, self.containers, self.node.network.gateway, self.sandbox.pod_ip)
         text = json.dumps(status, sort_keys=True)
         if text == self._patched or self.gone.is_set():
             return
