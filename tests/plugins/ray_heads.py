@@ -15,6 +15,7 @@ machine's network address (GCS, dashboard and the addresses Ray hands out).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import secrets
@@ -66,6 +67,30 @@ def _ray_head(log: Path, env: dict[str, str], *options: str) -> Iterator[tuple[s
     finally:
         stop(head, timeout=5)  # Ray drains for 30 s after SIGTERM; nothing here needs draining
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+_session_exit_status = 0
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    global _session_exit_status
+    _session_exit_status = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Ends the test process once pytest has reported, without the interpreter's finalization.
+
+    With Ray (and torch, through the model) loaded in this process, the interpreter's teardown of
+    their native threads and static objects now and then segfaults after every test passed and the
+    summary was printed (seen in CI: 116 passed, then `Segmentation fault`, so the tier failed).
+    The atexit handlers still run; then the process exits with pytest's own status."""
+    if not {"ray", "torch"} & sys.modules.keys():
+        return
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_session_exit_status)
 
 
 @pytest.fixture(scope="module")
