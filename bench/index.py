@@ -91,7 +91,7 @@ def recall(texts: int, queries: int, ef_searches: list[int], path: Path) -> str:
                 with sink.engine.connect() as conn:
                     for q, exact in zip(asked, truth):
                         started = time.perf_counter()
-                        hits = nearest(conn, sink.target.table, "bench", "m", "r", q, 10, INNER_PRODUCT, ef)
+                        hits = nearest(conn, sink.target.vectors, "bench", "m", "r", q, 10, INNER_PRODUCT, ef)
                         took.append(time.perf_counter() - started)
                         found += len(exact & {position[h.record_id] for h in hits})
                 lines.append(f"| {vector_type} | {ef} | {found / (10 * len(asked)):.3f} | "

@@ -23,10 +23,11 @@ from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, ExitCod
 
 from embedjob_worker.core.config import JobConfig  # noqa: E402
 from embedjob_worker.driver import unreachable_exit_code  # noqa: E402
-from embedjob_worker.core.errors import Unreachable  # noqa: E402
+from embedjob_worker.core.errors import JobFailed, Unreachable  # noqa: E402
 from embedjob_cli import job_logs, render  # noqa: E402
 from embedjob_worker.core.logs import configure_logging, mask_secrets, mask_url  # noqa: E402
 from embedjob_cli.search import DEFAULT_EF_SEARCH, MAX_EF_SEARCH, nearest  # noqa: E402
+from embedjob_worker.sink.target import SinkTarget  # noqa: E402
 from embedjob_worker.sink.vector_index import metric_for  # noqa: E402
 
 SNIPPET_CHARS = 100
@@ -220,15 +221,16 @@ def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     # The query is embedded like the vectors: same backend, precision and export (from this machine's cache).
     model = load_model(resolved, "cpu", export_model(resolved) if resolved.exported else None)
     query = model.encode([args.query], normalize_embeddings=True, convert_to_numpy=True)[0].astype("float32")
-    sink = config.spec.sink
     engine = db.create_engine(url)
     try:
+        # the table the job's runs write: in the schema the role creates tables in, never found through the search path
+        target = SinkTarget.of_job(config).in_schema_of(engine)
         with engine.connect() as conn:
-            hits = nearest(conn, sink.table, sink.collection, resolved.name, resolved.revision, query, args.k,
+            hits = nearest(conn, target.vectors, target.collection, resolved.name, resolved.revision, query, args.k,
                            metric_for(config.spec.model.normalize), args.ef_search)
     except sa.exc.OperationalError as exc:
         raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
-    except ValueError as exc:  # a table search cannot read (another vector type, from before chunking)
+    except (ValueError, JobFailed) as exc:  # no schema; a table search cannot read (another vector type, pre-chunking)
         print(f"embedjob: {exc}", file=sys.stderr)
         return ExitCode.JOB_FAILED
     finally:
@@ -237,7 +239,7 @@ def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
         print(f"embedjob: no vectors yet: run `embedjob run {args.manifest}` first", file=sys.stderr)
         return ExitCode.JOB_FAILED
     if not hits:
-        print(f"embedjob: no vectors in collection {sink.collection!r} of table {sink.table} for "
+        print(f"embedjob: no vectors in collection {target.collection!r} of table {target.vectors} for "
               f"{resolved.name}@{resolved.revision}: run `embedjob run {args.manifest}` first", file=sys.stderr)
         return ExitCode.JOB_FAILED
     # cosine distance: 0 is the same direction, 2 the opposite; chars: the chunk's offsets into the record's text

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 
 from embedjob.db import VECTOR_TYPES
 
+from embedjob_worker.sink.target import VectorsTable
 from embedjob_worker.sink.vector_index import Metric
 
 # pgvector's default and largest hnsw.ef_search.
@@ -42,14 +43,14 @@ def vector_literal(vector: np.ndarray) -> str:
     return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
 
 
-def column_types(conn: sa.Connection, table: str) -> dict[str, str]:
+def column_types(conn: sa.Connection, table: VectorsTable) -> dict[str, str]:
     """The vectors table's columns and their types (embedding: vector or halfvec); empty when it does not exist."""
     return dict(conn.execute(sa.text(
         "SELECT attname, atttypid::regtype::text FROM pg_attribute WHERE attrelid = to_regclass(:t) AND attnum > 0"
-        " AND NOT attisdropped"), {"t": f'"{table}"'}).all())
+        " AND NOT attisdropped"), {"t": table.sql}).all())
 
 
-def nearest(conn: sa.Connection, table: str, collection: str, model: str, revision: str, query: np.ndarray, k: int,
+def nearest(conn: sa.Connection, table: VectorsTable, collection: str, model: str, revision: str, query: np.ndarray, k: int,
             metric: Metric, ef_search: int | None = None) -> list[Hit] | None:
     """The k rows of (collection, model, revision) nearest to `query`; None when the table does not exist.
     Runs in the connection's transaction (the search settings are local to it)."""
@@ -68,7 +69,7 @@ def nearest(conn: sa.Connection, table: str, collection: str, model: str, revisi
     cast_query = f"CAST(:q AS {vector_type})"
     distance = metric.cosine_distance.format(column="embedding", query=cast_query)
     rows = conn.execute(sa.text(
-        f'SELECT record_id, {distance} AS distance, text, chunk, char_start, char_end FROM "{table}"'
+        f"SELECT record_id, {distance} AS distance, text, chunk, char_start, char_end FROM {table.sql}"
         " WHERE collection = :c AND model = :m AND revision = :r"
         f" ORDER BY embedding {metric.operator} {cast_query} LIMIT :k"),
         {"q": vector_literal(query), "c": collection, "m": model, "r": revision, "k": k}).all()

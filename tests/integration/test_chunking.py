@@ -114,7 +114,7 @@ def test_long_documents_become_chunk_vectors_equal_to_a_direct_encode(ray_addres
     doc_id, chunk, start, end = next((r[0], r[1], r[2], r[3]) for rec in by_record.values() for r in rec if r[1] == 2)
     engine = sa.create_engine(database_url)
     with engine.connect() as conn:
-        hits = nearest(conn, "embeddings", "chunks", resolved.name, resolved.revision,
+        hits = nearest(conn, VectorsTable("public", "embeddings"), "chunks", resolved.name, resolved.revision,
                        direct[texts.index(next(r[4] for r in by_record[doc_id] if r[1] == 2))], 3,
                        metric_for(True))
     engine.dispose()

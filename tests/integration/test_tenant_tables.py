@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -10,6 +11,7 @@ import sqlalchemy as sa
 
 from embedjob import db
 from embedjob.api import VectorIndex
+from embedjob.contract import ExitCode
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.core.records import Record
 from embedjob_worker.encode.model import resolve_model
@@ -20,6 +22,7 @@ from embedjob_worker.sink.target import VectorsTable
 from embedjob_worker.sink.vector_index import INNER_PRODUCT, ensure_index
 from embedjob_worker.sink.vectors_table import ensure_vectors_table
 from embedjob_worker.source.files import read_records
+from support.cli import EMBEDJOB, run
 from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
 from support.polling import wait_until
@@ -51,6 +54,11 @@ def test_a_tenant_job_uses_its_own_schemas_table_and_never_touches_a_readable_on
             job_key="single-role-job", batch_id="b"))
         conn.execute(sa.text(f'GRANT SELECT, INSERT, UPDATE, DELETE ON public.embeddings TO "{team.role}"'))
     admin.dispose()
+    # `embedjob search` reads the table the job writes, never public's through the search path: none yet
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(spec))
+    before = run([*EMBEDJOB, "search", str(job_file), "anything", "--database-url", team.url])
+    assert before.returncode == ExitCode.JOB_FAILED and "no vectors yet" in before.stderr, before.stderr
 
     summary = run_job(job, team.url)
 

@@ -52,7 +52,7 @@ def search(job: OpenJob, query_vector: np.ndarray, k: int, metric, plan: str, ef
     with job.engine.connect() as conn:
         for setting in PLANS[plan]:
             conn.execute(sa.text(setting))
-        return nearest(conn, job.target.table, "c1", "m", "r1", query_vector, k, metric, ef_search)
+        return nearest(conn, job.target.vectors, "c1", "m", "r1", query_vector, k, metric, ef_search)
 
 
 def uses_index(job: OpenJob, name: str, query_vector: np.ndarray, metric, vector_type: str, plan: str) -> bool:

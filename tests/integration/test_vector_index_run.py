@@ -14,6 +14,7 @@ from embedjob import db
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.run.job import run_job
 from embedjob_cli.search import nearest
+from embedjob_worker.sink.target import VectorsTable
 from embedjob_worker.sink.vector_index import INNER_PRODUCT
 
 pytestmark = pytest.mark.slow
@@ -49,7 +50,7 @@ def test_a_run_builds_the_index_once_and_search_through_it_finds_the_exact_neigh
     with engine.connect() as conn:
         for i in picks:
             exact = {ids[j] for j in np.argsort(-(vectors @ vectors[i]), kind="stable")[:11]} - {ids[i]}
-            hits = nearest(conn, "embeddings", "indexed", MODEL, revision, vectors[i], 11, INNER_PRODUCT)
+            hits = nearest(conn, VectorsTable("public", "embeddings"), "indexed", MODEL, revision, vectors[i], 11, INNER_PRODUCT)
             found += len(exact & ({h.record_id for h in hits} - {ids[i]}))
         plan = conn.execute(sa.text("EXPLAIN SELECT 1 FROM embeddings WHERE collection = 'indexed' AND model = :m"
                                     " AND revision = :r ORDER BY embedding <#> CAST(:q AS vector) LIMIT 10"),
