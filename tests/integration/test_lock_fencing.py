@@ -151,3 +151,31 @@ def test_a_write_retried_after_its_commit_reply_was_lost_counts_everything_once(
     assert (row["batches_succeeded"], row["records_embedded"], row["records_failed"]) == (1, 2, 2)
     assert query(database_url, "SELECT record_id FROM vectors ORDER BY 1") == [("x",), ("y",)]
     job.close()
+
+
+def test_a_sync_delete_whose_commit_reply_was_lost_or_whose_driver_crashed_still_counts_its_records(
+        database_url, monkeypatch):
+    """deleteMissing's commit lands and its reply is lost: the retry finds nothing left to delete and still reports
+    the 2 records deleted; so does a session that resumes the run after a crash, through its progress writes."""
+    job = open_driver(database_url)
+    run = job.runs.start(RUN, new_run=False).run
+    job.sink.write(run, [outcome("b1", ["x", "y", "z"])], [])
+    SeenIds(job.engine, run).first_occurrences([("x", 0)])  # this run read only x
+    lose_commit_replies(job.engine, monkeypatch, 1)
+    assert retry_database(lambda: delete_missing(job.engine, job.target.vectors, "c1", run), "delete_missing") == 2
+    assert query(database_url, "SELECT record_id FROM vectors") == [("x",)]
+    assert query(database_url, "SELECT records_deleted FROM embedjob_runs") == [(2,)]
+    job.close()
+
+    resuming = open_driver(database_url)  # the first driver crashed before the run's end
+    resumed = resuming.runs.start(RUN, new_run=False)
+    assert resumed.resumed
+    tally = RunTally()
+    writer = SinkWriter(resuming.sink, resumed.run, tally)  # its progress writes carry the driver's counts
+    writer.put_outcome(outcome("b2", ["x"]))
+    writer.close()
+    assert writer.error is None
+    tally.deleted(delete_missing(resuming.engine, resuming.target.vectors, "c1", resumed.run))
+    row = resuming.runs.finish(resumed.run, "succeeded", None, None, tally.driver_update())
+    assert row["records_deleted"] == 2 and tally.counters().records_deleted == 2
+    resuming.close()

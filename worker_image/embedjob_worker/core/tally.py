@@ -84,9 +84,10 @@ class RunTally:
             self.records_skipped += already_written
             self.batches_skipped += whole_batch
 
-    def deleted(self, vectors: int) -> None:
+    def deleted(self, records: int) -> None:
+        """The records the run's sync.deleteMissing deleted, as the run row counts them (delete_missing)."""
         with self._lock:
-            self.records_deleted += vectors
+            self.records_deleted = records
 
     def rejected(self, records: int) -> None:
         """Bad records, failed before embedding."""
@@ -128,7 +129,7 @@ class RunTally:
             return CounterUpdate(
                 driver=self._driver_counts(),
                 set={"batches_total": self.batches_total, "records_total": self.records_total,
-                     "records_unchanged": self.records_unchanged, "records_deleted": self.records_deleted,
+                     "records_unchanged": self.records_unchanged,
                      "texts_per_second": texts_per_second})
 
     def commit(self, outcomes: Iterable[BatchOutcome]) -> None:

@@ -130,17 +130,21 @@ class IncrementalFeed:
 
 def delete_missing(engine: sa.Engine, table: VectorsTable, collection: str, run: RunSession) -> int:
     """Delete the vectors (of this collection, the run's model and revision; every chunk) whose id `run` did
-    not read; how many records they were. Fenced like a batch write: JobFailed (DriverSuperseded), and nothing
-    deleted, once another driver session owns the run (its seen ids are being claimed afresh)."""
+    not read; how many records the run has deleted so far. The run row counts them in the delete's own
+    transaction, so a retry after a commit whose reply was lost, or a resumed session after a crash, reports
+    the records deleted before, not the none left to delete. Fenced like a batch write: JobFailed
+    (DriverSuperseded), and nothing deleted, once another driver session owns the run (its seen ids are being
+    claimed afresh)."""
     with engine.begin() as conn:
         if not conn.execute(_EXISTS_SQL, {"table": table.sql}).scalar_one():
             return 0  # nothing was ever embedded into it
         deleted = conn.execute(sa.text(_DELETE_MISSING_SQL.format(table=table.sql)),
                                {"collection": collection, "model": run.model, "revision": run.revision,
                                 "run_id": run.run_id}).scalar_one()
-        update_run(conn, run, {})
-    log_event(log, "vectors_deleted", run=run.run_id, collection=collection, deleted=deleted)
-    return deleted
+        row = update_run(conn, run, {"records_deleted": db.runs.c.records_deleted + deleted})
+    log_event(log, "vectors_deleted", run=run.run_id, collection=collection, deleted=deleted,
+              run_total=row.records_deleted)
+    return row.records_deleted
 
 
 def latest_run_succeeded(engine: sa.Engine, job_key: str) -> bool:

@@ -26,8 +26,9 @@ from embedjob_worker.source.snapshot import describe_input
 REFUSED_START_REASONS = ("InputChanged", "ModelUnavailable", "SourceUnavailable", "ChunkingUnsupported")
 
 # A resumed run's row counts afresh from here: the session recounts the batches done before as skipped.
+# records_deleted stays: the vectors an earlier session's sync deleted are gone, no session can recount them.
 _SESSION_START_COUNTERS = {**{name: 0 for name in ADDED_COUNTERS if name not in KEPT_ON_RESUME},
-                           "records_unchanged": 0, "records_deleted": 0, "texts_per_second": 0.0,
+                           "records_unchanged": 0, "texts_per_second": 0.0,
                            "batches_total": None, "records_total": None, "driver_counts": None}
 
 
