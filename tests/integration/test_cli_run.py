@@ -40,7 +40,7 @@ def test_embedjob_run_then_search(tmp_path, database_url):
         "spec": {**manifest("peps.jsonl")["spec"], "sink": {"databaseSecretRef": {"name": "db"}, "collection": "none"}}}))
     empty = run([*EMBEDJOB, "search", str(other), "anything", "--database-url", database_url])
     assert empty.returncode == 1 and empty.stdout == ""
-    assert "no vectors in collection 'none' of table embeddings" in empty.stderr
+    assert "no vectors in collection 'none' of table public.embeddings" in empty.stderr
 
 
 def test_a_missing_source_file_is_a_refused_job_not_a_traceback(tmp_path, database_url):
