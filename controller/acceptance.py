@@ -202,9 +202,11 @@ def parse(spec: dict[str, Any]) -> api.EmbeddingJobSpec | Verdict:
         return _reject("InvalidSpec", str(exc))
 
 
-def review_without_cluster(spec: api.EmbeddingJobSpec) -> Verdict | None:
-    """The part of the review that needs nothing from the cluster (`embedjob render` runs it alone)."""
-    return (check_source(spec.source.uri) if spec.source.uri else None) or check_model(spec.model)
+def review_without_cluster(spec: api.EmbeddingJobSpec, policy: PodPolicy) -> Verdict | None:
+    """The part of the review that needs nothing from the cluster, the pod policy included (`embedjob render`
+    runs it alone, with the policy of the operator's settings)."""
+    return ((check_source(spec.source.uri) if spec.source.uri else None) or check_model(spec.model)
+            or check_pod_policy(spec, policy))
 
 
 def review(spec: api.EmbeddingJobSpec, secret: dict[str, Any] | None,
@@ -212,5 +214,5 @@ def review(spec: api.EmbeddingJobSpec, secret: dict[str, Any] | None,
     """Review a parsed spec, its database Secret (None: the Secret does not exist), for a
     job with spec.clusterSelector the RayCluster it selects (None: it does not exist), and its
     pod settings against the pod policy (the restrictive one unless given)."""
-    return (review_without_cluster(spec) or check_pod_policy(spec, policy) or check_secret(spec.sink, secret)
+    return (review_without_cluster(spec, policy) or check_secret(spec.sink, secret)
             or check_shared_cluster(spec, raycluster) or ACCEPTED)

@@ -2,7 +2,8 @@
 
 For a reviewer of a GitOps pull request, or a user debugging placement: the manifest is
 checked as the operator's review checks it where no cluster is needed (the spec, the
-source, the model's pin), then given to `controller.rayjob.build_rayjob` with the
+source, the model's pin, the pod settings against the pod policy of the operator's
+settings: EMBEDJOB_POD_POLICY, else the restrictive default), then given to `controller.rayjob.build_rayjob` with the
 operator's settings (the chart's defaults, overridden by the operator's environment
 variables, then by flags). Two things only the cluster can tell are not checked: that
 the database Secret and key exist, and what a `clusterSelector` cluster hands the driver.
@@ -14,15 +15,15 @@ otherwise a placeholder is used.
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import os
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
 from controller import acceptance
 from controller.rayjob import build_rayjob
-from controller.settings import POD_DEFAULTS_ENV, POD_DEFAULTS_FILE_ENV, Settings, SettingsError, pod_defaults_file
+from controller.settings import POD_DEFAULTS_ENV, POD_DEFAULTS_FILE_ENV, POD_POLICY_ENV, Settings, SettingsError
 from embedjob.api import SpecError
 from embedjob.crd import spec_as_stored
 from embedjob.contract import ExitCode
@@ -47,7 +48,7 @@ def render(manifest: dict[str, Any], settings: Settings, uid: str = PLACEHOLDER_
     parsed = acceptance.parse(manifest["spec"])
     if isinstance(parsed, acceptance.Verdict):
         raise RenderRefused(parsed)
-    refused = acceptance.review_without_cluster(parsed)
+    refused = acceptance.review_without_cluster(parsed, settings.pod_policy)
     if refused is not None:
         raise RenderRefused(refused)
     metadata = {**manifest["metadata"], "uid": uid}
@@ -70,15 +71,30 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--pod-defaults", metavar="FILE",
                         help="the operator's default pod settings (YAML/JSON: head, workers; the chart's podDefaults); "
                              f"default: ${POD_DEFAULTS_ENV} or the file ${POD_DEFAULTS_FILE_ENV} names, else none")
+    parser.add_argument("--pod-policy", metavar="FILE",
+                        help="the pod policy's parameters (JSON: the chart's podPolicy, as in its pod-policy "
+                             f"ConfigMap); default: ${POD_POLICY_ENV}, else the restrictive default of the worker "
+                             "image's repository")
+
+
+def settings_of(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
+    """The operator's settings from `env`, each flag given in place of its variable, so that what follows from
+    them (the restrictive default pod policy from the worker image and the pod defaults' account) follows the
+    flags too."""
+    flags = {"EMBEDJOB_WORKER_IMAGE": args.worker_image, "EMBEDJOB_RAY_VERSION": args.ray_version,
+             POD_DEFAULTS_FILE_ENV: args.pod_defaults}
+    env = {**env, **{name: value for name, value in flags.items() if value}}
+    if args.pod_defaults:
+        env.pop(POD_DEFAULTS_ENV, None)  # the inline variable would win over the file
+    if args.pod_policy:
+        with open(args.pod_policy, encoding="utf-8") as policy:
+            env[POD_POLICY_ENV] = policy.read()
+    return Settings.from_env(env)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        settings = Settings.from_env()
-        overrides = {"worker_image": args.worker_image, "ray_version": args.ray_version,
-                     "pod_defaults": args.pod_defaults and pod_defaults_file(args.pod_defaults, args.pod_defaults)}
-        settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v})
-        rayjob = render(load_manifest(args.manifest), settings, args.uid, args.namespace)
+        rayjob = render(load_manifest(args.manifest), settings_of(args, os.environ), args.uid, args.namespace)
     except (OSError, SpecError, SettingsError) as exc:
         print(f"embedjob: {args.manifest}: {exc}", file=sys.stderr)
         return ExitCode.INVALID_CONFIG

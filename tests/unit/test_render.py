@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 
 import pytest
 import yaml
@@ -10,9 +12,10 @@ import yaml
 from controller.rayjob import build_rayjob, rayjob_name
 from controller.settings import Settings
 from embedjob import api
+from embedjob.contract import ExitCode
 from embedjob.crd import spec_as_stored
 from embedjob.manifest import load_manifest
-from embedjob_cli.render import PLACEHOLDER_UID, RenderRefused, render
+from embedjob_cli.render import PLACEHOLDER_UID, RenderRefused, render, settings_of
 from support.cli import EMBEDJOB, run
 from support.paths import REPO
 
@@ -88,3 +91,43 @@ def test_the_command_prints_yaml_with_the_settings_and_refuses_in_one_line(tmp_p
 
     missing = run([*EMBEDJOB, "render", str(tmp_path / "nope.yaml")], timeout=120)
     assert missing.returncode == 2 and "nope.yaml" in missing.stderr and "Traceback" not in missing.stderr
+
+
+HOST_PATH_WORKERS = {"template": {"spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}}}
+
+
+def test_render_refuses_what_the_pod_policy_refuses_and_a_policy_file_opens_it(tmp_path):
+    manifest = load_manifest(CLUSTER_EXAMPLE)
+    manifest["spec"]["workers"].update(HOST_PATH_WORKERS)
+    with pytest.raises(RenderRefused) as refused:
+        render(manifest, Settings.from_env({}))
+    assert refused.value.verdict.reason == "PodPolicyViolation"
+    assert "spec.workers.template.spec.volumes[root].hostPath" in refused.value.verdict.message
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"allowedImagePrefixes": "registry.example/w", "allowHostPath": "true"}))
+    worker_image = ["--worker-image", "registry.example/w:1"]
+    env = {"EMBEDJOB_RAY_VERSION": "2.60.0"}
+    refused_by_default = run([*EMBEDJOB, "render", str(path), *worker_image], env=env, timeout=120)
+    assert refused_by_default.returncode == ExitCode.INVALID_CONFIG
+    assert "the operator would refuse" in refused_by_default.stderr and "PodPolicyViolation" in refused_by_default.stderr
+    opened = run([*EMBEDJOB, "render", str(path), *worker_image, "--pod-policy", str(policy)], env=env, timeout=120)
+    assert opened.returncode == 0, opened.stderr
+    assert yaml.safe_load(opened.stdout)["kind"] == "RayJob"
+
+
+def test_the_worker_image_flag_is_what_the_default_pod_policy_allows():
+    """The restrictive default policy allows the worker image's repository: the one the flag names, not the
+    environment's that the flag replaces."""
+    manifest = load_manifest(CLUSTER_EXAMPLE)
+    manifest["spec"]["workers"]["image"] = "registry.example/w:2"
+    args = argparse.Namespace(worker_image="registry.example/w:1", ray_version=None, pod_defaults=None,
+                              pod_policy=None)
+    settings = settings_of(args, {"EMBEDJOB_WORKER_IMAGE": "other.example/worker:1"})
+    assert settings.worker_image == "registry.example/w:1"
+    render(manifest, settings)  # the flag's repository, another tag: allowed
+    manifest["spec"]["workers"]["image"] = "other.example/worker:1"
+    with pytest.raises(RenderRefused) as refused:
+        render(manifest, settings)
+    assert refused.value.verdict.reason == "PodPolicyViolation" and "spec.workers.image" in refused.value.verdict.message

@@ -106,6 +106,7 @@ def test_a_table_fingerprint_names_the_table_and_filter_not_the_rows():
 
 def test_a_source_database_reaches_the_pods_only_from_its_secret():
     from controller.acceptance import review_without_cluster
+    from embedjob.pod_policy import PodPolicy
     from controller.rayjob import build_rayjob
     from controller.settings import Settings
     from support.manifests import MINIMAL_SPEC, merged
@@ -115,7 +116,7 @@ def test_a_source_database_reaches_the_pods_only_from_its_secret():
     job_spec = merged(MINIMAL_SPEC, {"source": {"uri": None, "table": table(), "databaseSecretRef": {
         "name": "cms-db", "key": "dsn"}}})
     parsed = parse_spec(job_spec)
-    assert review_without_cluster(parsed) is None  # no file to check
+    assert review_without_cluster(parsed, PodPolicy()) is None  # no file to check
     job = {"apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "spec": job_spec,
            "metadata": {"name": "cms", "namespace": "team-a", "uid": "0b5c6d3e-1111-2222-3333-444455556666"}}
     cluster = build_rayjob(job, parsed, settings)["spec"]["rayClusterSpec"]
