@@ -22,12 +22,23 @@ from support.pod_settings import EVERY_POD_SETTING, HEAD_TEMPLATE, MALFORMED_POD
 
 CLUSTER_EXAMPLE = REPO / "examples" / "quickstart-cluster.yaml"
 OURS = {"embedjob.dev/job-name", "embedjob.dev/job-uid", "app.kubernetes.io/managed-by"}
+# An operator whose admin opened the pod policy for what these manifests ask for (render checks it as the
+# operator's review does; the policy's own tests: test_pod_policy.py).
+OPENED_POLICY = {"EMBEDJOB_POD_POLICY": json.dumps({
+    "allowedImagePrefixes": f"{Settings.from_env({}).worker_image.rpartition(':')[0]},registry.example.com/",
+    "allowedServiceAccounts": "embedder,embedjob-s3-reader",
+    **dict.fromkeys(("allowHostPath", "allowPrivilegeEscalation", "allowAddedCapabilities", "allowRunAsRoot",
+                     "allowUnconfinedSeccomp"), "true")})}
+
+
+def operator_settings(**env: str) -> Settings:
+    return Settings.from_env({**OPENED_POLICY, **env})
 
 
 def rendered(spec_fields: dict, settings: Settings | None = None) -> dict:
     manifest = load_manifest(CLUSTER_EXAMPLE)
     manifest["spec"] = merged(manifest["spec"], spec_fields)
-    return render(manifest, settings or Settings.from_env({}))["spec"]
+    return render(manifest, settings or operator_settings())["spec"]
 
 
 def templates(rayjob_spec: dict) -> tuple[dict, dict]:
@@ -100,7 +111,7 @@ def test_the_jobs_settings_merge_over_the_operators_defaults():
         },
         "head": {"spec": {"containers": [{"name": "ray-head", "resources": {"requests": {"cpu": "4"}}}]}},
     }
-    settings = Settings.from_env({"EMBEDJOB_POD_DEFAULTS": json.dumps(defaults)})
+    settings = operator_settings(EMBEDJOB_POD_DEFAULTS=json.dumps(defaults))
     job = {"workers": {"template": {
         "metadata": {"labels": {"team": "search"}},
         "spec": {
@@ -187,7 +198,7 @@ def test_huge_and_hostile_values_get_a_reason_not_a_traceback():
 
 
 def example(name: str) -> dict:
-    return render(load_manifest(REPO / "examples" / name), Settings.from_env({}))["spec"]
+    return render(load_manifest(REPO / "examples" / name), operator_settings())["spec"]
 
 
 def test_the_gpu_node_pool_example_puts_the_workers_on_the_tainted_pool():
