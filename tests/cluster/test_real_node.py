@@ -99,7 +99,7 @@ def test_pod_with_init_container_env_and_secret_volume_succeeds(kube, real_node,
     assert conditions["Ready"]["status"] == "False" and conditions["Ready"]["reason"] == "PodCompleted"
 
 
-def test_failing_container_reports_exit_code_and_failedphase_in(kube, real_node, namespace):
+def test_failing_container_reports_exit_code_and_failed_phase(kube, real_node, namespace):
     kube.apply(json.dumps({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "fails", "namespace": namespace},
         "spec": {"restartPolicy": "Never", "containers": [{
@@ -153,7 +153,7 @@ def test_job_runs_to_complete_through_the_job_controller(kube, real_node, namesp
     assert outputs == ["index 0", "index 1"]
 
 
-def test_unsatisfiable_request_stays_pending_with_the_schedulerstermination_message(kube, real_node, namespace):
+def test_unsatisfiable_request_stays_pending_with_the_schedulers_message(kube, real_node, namespace):
     def pod(name, resources):
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
                 "spec": {"restartPolicy": "Never", "containers": [{

@@ -116,8 +116,15 @@ class Kube:
         for p in paths:
             args += ["-f", str(p)]
         names = self.kubectl(*args, "-o", "name").stdout.split()
-        if names:
-            self.kubectl("wait", "--for=condition=Established", f"--timeout={int(timeout)}s", *names)
+        if not names:
+            return
+        wait = ("wait", "--for=condition=Established", f"--timeout={int(timeout)}s", *names)
+        deadline = time.monotonic() + timeout
+        # kubectl's wait fails at once, instead of waiting, on a CRD the API server has not given conditions yet
+        # (".status.conditions accessor error: <nil>"), seen under load right after a CRD was created again
+        while "accessor error" in self.kubectl(*wait, check=False).stderr and time.monotonic() < deadline:
+            time.sleep(0.5)
+        self.kubectl(*wait)
 
     def restart_apiserver(self, down_seconds: float = 0.0, timeout: float = 180) -> float:
         """Stop kube-apiserver (SIGTERM, as a control-plane restart does), wait ``down_seconds``,

@@ -57,9 +57,6 @@ REAL_NODE_FIXTURES = {"kube_controllers", "real_node"}
 #: is pulled, so the node gives it to every container (the container's own env wins).
 IMAGE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
-#: the xdist group of the tests that run pods for real
-REAL_NODE_GROUP = "real_node"
-
 #: kube-controller-manager's controllers: what pods, Jobs, Services, ServiceAccounts,
 #: garbage collection and namespace deletion need; no cloud, volume or certificate ones.
 CONTROLLERS = [
@@ -81,10 +78,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if REAL_NODE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
-            # With the tier in two processes (tests/run, --dist loadgroup): one process runs every test with real
-            # pods, one after the other on one test node, while the other runs the rest; two test nodes at once
-            # would share the two cores between two Ray clusters' pods.
-            item.add_marker(pytest.mark.xdist_group(REAL_NODE_GROUP))
 
 
 def _binaries() -> dict[str, str]:
