@@ -5,7 +5,7 @@ import pytest
 
 from embedjob.api import SourceTable, SpecError, TableFilter, parse_spec
 from embedjob_worker.source.table import (
-    SESSION_BOUNDS, UnsafeTableSpec, check_table, sorts_equal_ids_together, table_query, table_snapshot,
+    SESSION_BOUNDS, UnsafeTableSpec, check_table, last_group_start, sorts_equal_ids_together, table_queries, table_snapshot,
 )
 
 HOSTILE_IDENTIFIERS = ['docs"; DROP TABLE embeddings; --', "docs; select 1", "x" * 64, "1docs", "a b", "dócs",
@@ -68,10 +68,16 @@ def test_the_query_quotes_every_identifier_and_binds_every_value():
     source = SourceTable.model_validate(table(schema="Sales", filter=[
         {"column": "pep", "op": "in", "values": ["1", "8"]}, {"column": "Lang", "op": "ne", "value": hostile_value},
         {"column": "deleted_at", "op": "isNull"}, {"column": "pep", "op": "ge", "value": "3"}]))
-    query, params = table_query(source)
-    assert query.as_string(None) == ('SELECT "id"::text, "body" FROM "Sales"."docs" WHERE "pep" IN (%s, %s) AND '
-                                     '"Lang" <> %s AND "deleted_at" IS NULL AND "pep" >= %s '
-                                     'ORDER BY "id", "body"::text COLLATE "C"')
+    queries = table_queries(source)
+    select = 'SELECT source."id"::text, source."body" FROM "Sales"."docs" AS source WHERE '
+    filtered = '"pep" IN (%s, %s) AND "Lang" <> %s AND "deleted_at" IS NULL AND "pep" >= %s AND '
+    order = ' ORDER BY source."id", source."id"::text COLLATE "C", source."body"::text COLLATE "C" LIMIT %s'
+    assert queries.first_page.as_string(None) == select + filtered + 'source."id" IS NOT NULL' + order
+    assert queries.next_page.as_string(None) == (select + filtered + 'source."id" IS NOT NULL AND source."id" >= %s '
+                                                 'AND (source."id", source."id"::text COLLATE "C") > (%s, %s)' + order)
+    assert queries.null_ids.as_string(None) == ('SELECT count(*) FROM "Sales"."docs" AS source WHERE ' + filtered +
+                                                'source."id" IS NULL')
+    params = queries.params
     assert params == ["1", "8", hostile_value, "3"]
 
 
@@ -142,3 +148,10 @@ def test_only_types_whose_order_keeps_equal_ids_together_skip_the_claims(type_na
 
 def test_the_source_session_bounds_statements_and_lock_waits_as_the_driver_engine_does():
     assert SESSION_BOUNDS == {"statement_timeout": "300s", "lock_timeout": "60s"}
+
+
+def test_a_page_is_cut_before_its_last_group_of_equal_ids():
+    assert last_group_start([("1", "a"), ("2", "b"), ("2", "c")]) == 1
+    assert last_group_start([("1", "a"), ("2", "b"), ("3", "c")]) == 2
+    assert last_group_start([("1.0", "a"), ("1.00", "b")]) == 1  # texts decide: equal numerics read apart
+    assert last_group_start([("7", "a"), ("7", "b")]) == 0  # one id fills the page
