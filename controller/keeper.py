@@ -10,7 +10,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import events, metrics, status
 from .acceptance import REVIEWED, Verdict
-from .kube import CONFLICT
+from .kube import CONFLICT, FORBIDDEN
 from .reconcile import Context, job_ref, observe, own_rayjob
 
 log = logging.getLogger("controller.keeper")
@@ -87,12 +87,22 @@ class StatusKeeper:
             current = self._written.get(uid, job.get("status") or {})
             watched = self._rayjobs.get((job["metadata"]["namespace"], uid), ())
             rayjob = own_rayjob([*watched, *([created] if created else [])], job["metadata"])
-            with metrics.reconcile("status"):
-                # observedGeneration names a reviewed generation only: an edit not reviewed yet is not observed
-                verdict, reviewed = self._verdicts.get(uid, (None, None))
-                generation = reviewed or current.get("observedGeneration") or job["metadata"].get("generation") or 0
-                obs = await observe(job, current, rayjob, verdict, generation, self._ctx)
-                stored, changes = await sync_status(job, current, obs, self._ctx)
+            namespace = job["metadata"]["namespace"]
+            # A RayJob gone with its namespace did not end the job: the cleanup releases it, unreported.
+            if rayjob is None and current.get("rayJobName") and await self._ctx.kube.namespace_terminating(namespace):
+                return
+            try:
+                with metrics.reconcile("status"):
+                    # observedGeneration names a reviewed generation only: an edit not reviewed yet is not observed
+                    verdict, reviewed = self._verdicts.get(uid, (None, None))
+                    generation = reviewed or current.get("observedGeneration") or job["metadata"].get("generation") or 0
+                    obs = await observe(job, current, rayjob, verdict, generation, self._ctx)
+                    stored, changes = await sync_status(job, current, obs, self._ctx)
+            except ApiException as exc:
+                # with watchNamespaces, the namespace controller may delete the RoleBinding before the job
+                if exc.status == FORBIDDEN and await self._ctx.kube.namespace_terminating(namespace):
+                    return
+                raise
             self._written[uid] = stored
             for change in changes:
                 self._emit(job, change)

@@ -21,7 +21,7 @@ from .rayjob import RAY_GROUP, RAY_PLURAL, RAY_VERSION
 RAYCLUSTERS = "rayclusters"
 EVENT_SOURCE = "embedjob-operator"
 
-NOT_FOUND, CONFLICT = 404, 409
+FORBIDDEN, NOT_FOUND, CONFLICT = 403, 404, 409
 
 # Seconds to connect to the API server, and to wait for its answer.
 REQUEST_TIMEOUT = (10.0, 30.0)
@@ -113,6 +113,16 @@ class KubeApi:
 
     async def get_raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._get_custom(RAY_GROUP, RAY_VERSION, namespace, RAYCLUSTERS, name)
+
+    async def namespace_terminating(self, namespace: str) -> bool:
+        """Whether the namespace is being deleted (or is gone)."""
+        try:
+            found = await self._call(self._core.read_namespace, namespace)
+        except ApiException as exc:
+            if exc.status == NOT_FOUND:
+                return True
+            raise
+        return found.metadata.deletion_timestamp is not None
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The EmbeddingJob as stored now, None if it is gone."""

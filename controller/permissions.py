@@ -54,6 +54,9 @@ NAMESPACED_RULES = (
 CLUSTER_RULES = (
     Rule(("apiextensions.k8s.io",), ("customresourcedefinitions",), ("list", "watch"),
          "kopf notices the EmbeddingJob and RayJob CRDs being installed or removed"),
+    Rule(("",), ("namespaces",), ("get",),
+         "the finalizer releases a job whose namespace is being deleted without RayJob calls "
+         "(the namespace controller deletes the RayJob, and a watched namespace's Role may be gone)"),
 )
 
 # Namespaced mode only: kopf lists and watches namespaces to follow the watched ones.
@@ -61,10 +64,17 @@ NAMESPACE_OBSERVATION = Rule(("",), ("namespaces",), ("list", "watch"),
                              "kopf follows the watched namespaces being created or deleted")
 
 
+# Namespaced mode only: the finalizer must come off a job of a namespace being deleted after the
+# namespace controller has deleted that namespace's RoleBinding, so this right may not live there.
+FINALIZER_RELEASE = Rule((api.GROUP,), (api.PLURAL,), ("patch",),
+                         "kopf takes its finalizer off a job of a namespace being deleted, whose "
+                         "RoleBinding the namespace controller may have deleted already")
+
+
 def cluster_rules(clusterwide: bool) -> tuple[Rule, ...]:
     if clusterwide:
         return CLUSTER_RULES + NAMESPACED_RULES
-    return CLUSTER_RULES + (NAMESPACE_OBSERVATION,)
+    return CLUSTER_RULES + (NAMESPACE_OBSERVATION, FINALIZER_RELEASE)
 
 
 def policy_rules(rules: tuple[Rule, ...]) -> list[dict[str, list[str]]]:

@@ -195,11 +195,15 @@ CLEANUP_POLL_SECONDS = 1.0
 async def cleanup(job: dict[str, Any], ctx: Context) -> bool:
     """Delete the job's RayJob (no garbage collector is relied on) and wait until it is
     gone; False when it is still there after EMBEDJOB_CLEANUP_TIMEOUT_SECONDS. A RayJob of
-    that name that the job does not own is never touched: the delete carries the owned one's uid."""
+    that name that the job does not own is never touched: the delete carries the owned one's uid.
+    In a namespace being deleted nothing is asked of the RayJob: the namespace controller deletes it,
+    and may already have deleted the RoleBinding that grants the operator its RayJob calls."""
     meta = job["metadata"]
     ctx.job_states.forget(meta["uid"])
     ctx.pool_released(job["spec"])
     namespace = meta["namespace"]
+    if await ctx.kube.namespace_terminating(namespace):
+        return True
     name = (job.get("status") or {}).get("rayJobName") or rayjob_name(meta["name"], meta["uid"])
     deadline = time.monotonic() + ctx.settings.cleanup_timeout_seconds
     while (rayjob := await ctx.kube.get_rayjob(namespace, name)) is not None and owned_by(rayjob, meta):

@@ -1,7 +1,8 @@
 """pytest plugin: the operator (`python -m controller`) as a subprocess against a test API server.
 
 `start_operator(kube, namespace, **env)` (a factory fixture) runs it watching `namespace`
-as a ServiceAccount with exactly the permissions of controller.permissions; an
+(or every namespace, with `clusterwide=True`) as a ServiceAccount of `namespace` with exactly
+the permissions of controller.permissions, bound as the chart binds them; an
 `OperatorProcess` can be stopped, restarted and asked for its log and metrics.
 """
 
@@ -24,18 +25,20 @@ from support.paths import REPO
 from support.processes import http_ok, spawn, stop, wait_for
 
 
-def grant_operator_permissions(kube, namespace: str, account: str = "embedjob-operator") -> str:
-    """A ServiceAccount bound to exactly controller.permissions (namespaced mode, watching
-    `namespace`); returns a kubeconfig that authenticates as it."""
+def grant_operator_permissions(kube, namespace: str, account: str = "embedjob-operator",
+                               clusterwide: bool = False) -> str:
+    """A ServiceAccount in `namespace` bound to exactly controller.permissions, as the chart binds
+    it: cluster-wide one ClusterRole, else a ClusterRole and a Role in `namespace` (watched);
+    returns a kubeconfig that authenticates as it."""
     cluster_role = f"embedjob-operator-{namespace}"
     documents = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": cluster_role},
-         "rules": permissions.policy_rules(permissions.cluster_rules(clusterwide=False))},
+         "rules": permissions.policy_rules(permissions.cluster_rules(clusterwide=clusterwide))},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": cluster_role},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
          "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
-        *namespaced_grant(namespace, namespace, account),
+        *([] if clusterwide else namespaced_grant(namespace, namespace, account)),
     ]
     kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents}))
     return kube.kubeconfig_for_serviceaccount(namespace, account)
@@ -89,17 +92,18 @@ class OperatorProcess:
 
 @pytest.fixture
 def start_operator(tmp_path):
-    """Factory: start_operator(kube, namespace, **env) runs the operator watching `namespace`
-    as a ServiceAccount with exactly the permissions of controller.permissions."""
+    """Factory: start_operator(kube, namespace, clusterwide=False, **env) runs the operator watching
+    `namespace` (every namespace with clusterwide=True) as a ServiceAccount with exactly the
+    permissions of controller.permissions."""
     started: list[OperatorProcess] = []
 
-    def start(kube, namespace: str, **extra_env: str) -> OperatorProcess:
+    def start(kube, namespace: str, clusterwide: bool = False, **extra_env: str) -> OperatorProcess:
         health_port, metrics_port = free_port(), free_port()
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDJOB_")}
         env = {
             **inherited,
-            "KUBECONFIG": grant_operator_permissions(kube, namespace),
-            "EMBEDJOB_WATCH_NAMESPACES": namespace,
+            "KUBECONFIG": grant_operator_permissions(kube, namespace, clusterwide=clusterwide),
+            "EMBEDJOB_WATCH_NAMESPACES": "" if clusterwide else namespace,
             "EMBEDJOB_HEALTH_PORT": str(health_port),
             "EMBEDJOB_METRICS_PORT": str(metrics_port),
             "EMBEDJOB_PROGRESS_INTERVAL_SECONDS": "1",

@@ -27,6 +27,9 @@ class StandInKube:
     async def set_rayjob_suspend(self, namespace, name, uid, suspend):
         pass
 
+    async def namespace_terminating(self, namespace):
+        return False
+
 
 def job(status=None) -> dict:
     return {"apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob",
@@ -143,3 +146,21 @@ def test_cleanup_deletes_only_the_rayjob_the_job_owns_and_by_its_uid():
     kube = OwningKube({name: owned})
     assert asyncio.run(reconcile.cleanup(job(), context(kube)))
     assert kube.deletes == [("ns", name, "rj-9")] and kube.stored == {}
+
+
+class TerminatingNamespaceKube(OwningKube):
+    """Every RayJob call refused, as once the namespace controller deleted the chart's RoleBinding."""
+
+    async def namespace_terminating(self, namespace):
+        return True
+
+    async def get_rayjob(self, namespace, name):
+        raise AssertionError("a RayJob read in a namespace being deleted")
+
+    async def delete_rayjob(self, namespace, name, uid):
+        raise AssertionError("a RayJob delete in a namespace being deleted")
+
+
+def test_cleanup_in_a_namespace_being_deleted_releases_the_job_without_rayjob_calls():
+    """Issue 26 item 4: the namespace controller deletes the RayJob (and maybe the RoleBinding first)."""
+    assert asyncio.run(reconcile.cleanup(job({"rayJobName": "ej-pep-1"}), context(TerminatingNamespaceKube())))

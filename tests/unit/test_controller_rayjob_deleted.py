@@ -71,6 +71,9 @@ class StoringKube:
     async def get_rayjob(self, namespace, name):
         return None  # deleted, as the API server confirms
 
+    async def namespace_terminating(self, namespace):
+        return False
+
 
 @pytest.mark.parametrize("rayjob", [None, {"metadata": {"name": "ej-pep-1234abcd", "namespace": "ns", "uid": "r",
                                                         "ownerReferences": [{"kind": "EmbeddingJob", "uid": "u-1",

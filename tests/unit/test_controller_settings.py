@@ -60,10 +60,13 @@ def test_permissions_are_explicit():
     clusterwide = doc["clusterwide"]["clusterRole"]
     assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]} in clusterwide
     assert {"apiGroups": ["embedjob.dev"], "resources": ["embeddingjobs/status"], "verbs": ["patch"]} in clusterwide
-    assert not any(r["resources"] == ["namespaces"] for r in clusterwide)
+    # namespaces: only read, whether one is being deleted (issue 26 item 4); kopf watches them namespaced only
+    assert [r["verbs"] for r in clusterwide if r["resources"] == ["namespaces"]] == [["get"]]
     namespaced = doc["namespaced"]
     assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in namespaced["clusterRole"]
     assert not any(r["resources"] == ["secrets"] for r in namespaced["clusterRole"])
+    # cluster-wide, jobs may only be patched (the finalizer off in a namespace being deleted), never read
+    assert [r["verbs"] for r in namespaced["clusterRole"] if r["resources"] == ["embeddingjobs"]] == [["patch"]]
     assert namespaced["role"] == permissions.policy_rules(permissions.NAMESPACED_RULES)
 
 

@@ -1,0 +1,58 @@
+"""Deleting a watched namespace that holds a job with its RayJob completes in both RBAC modes
+(issue 26 item 4): the real namespace controller deletes everything in it, the chart's RoleBinding
+too when the operator watches some namespaces, and the operator still takes its finalizer off."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from plugins.operator_process import namespaced_grant
+from support.kubectl import apply_job, create_database_secret, get_json
+from support.polling import wait_until
+
+pytestmark = pytest.mark.k8s
+
+DB_URL = "postgresql://writer:secret@db.example:5432/embed"
+# The namespace controller retries what is left with a backoff; a deletion that completes does so well within.
+DELETION_BOUND_SECONDS = 120
+
+
+def namespace_gone(kube, name: str) -> bool:
+    found = kube.kubectl("get", "namespace", name, "--ignore-not-found", "-o", "name", check=False)
+    return not found.stdout.strip()
+
+
+@pytest.mark.parametrize("clusterwide", [False, True], ids=["watchNamespaces", "cluster-wide"])
+def test_deleting_a_watched_namespace_with_a_job_completes(kube, namespace, kube_controllers, start_operator,
+                                                           clusterwide):
+    # the operator's ServiceAccount lives in `namespace`, as the chart's lives in its release namespace
+    watched = f"watched-{uuid.uuid4().hex[:6]}"
+    kube.kubectl("create", "namespace", watched)
+    try:
+        if not clusterwide:  # the chart's Role and RoleBinding in each watched namespace
+            kube.kubectl("apply", "-f", "-", input=json.dumps(
+                {"apiVersion": "v1", "kind": "List", "items": namespaced_grant(watched, namespace)}))
+        create_database_secret(kube, watched, DB_URL)
+        env = {} if clusterwide else {"EMBEDJOB_WATCH_NAMESPACES": f"{namespace},{watched}"}
+        operator = start_operator(kube, namespace, clusterwide=clusterwide, **env)
+        apply_job(kube, watched, "pep")
+        job = wait_until("the job's RayJob", lambda: (lambda j: j if j.get("status", {}).get("rayJobName")
+                                                      else None)(get_json(kube, "ej", "pep", "-n", watched)), timeout=60)
+        assert job["metadata"]["finalizers"] == ["embedjob.dev/cleanup"]
+
+        kube.kubectl("delete", "namespace", watched, "--wait=false")
+        try:
+            wait_until(f"namespace {watched} gone", lambda: namespace_gone(kube, watched),
+                       timeout=DELETION_BOUND_SECONDS)
+        except AssertionError:  # wait_until's timeout: show what holds the namespace
+            left = kube.kubectl("get", "ej,rayjobs,rolebindings", "-n", watched, "-o", "wide", check=False)
+            pytest.fail(f"namespace {watched} still there after {DELETION_BOUND_SECONDS}s:\n{left.stdout}"
+                        f"\noperator log:\n{operator.log()[-3000:]}")
+        log = operator.log()
+        first = log.find("Traceback")  # a RayJob call refused (403) once the RoleBinding went, for one
+        assert first < 0, log[max(0, first - 2500):first + 2500]
+    finally:
+        kube.kubectl("delete", "namespace", watched, "--wait=false", "--ignore-not-found", check=False)
