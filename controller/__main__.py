@@ -17,13 +17,13 @@ from embedjob import api
 
 from . import handlers  # noqa: F401  (registers the handlers with kopf)
 from . import metrics
-from .kube import EVENT_SOURCE, REQUEST_TIMEOUT, KubeApi
+from .kube import EVENT_SOURCE, REQUEST_TIMEOUT, KubeApi, api_client
 from .pool_leases import LeaseStore
 from .pool_sweeper import PoolSweeper
 from .keeper import StatusKeeper
 from .reconcile import Context
 from .refusals import Refusals
-from .release import FINALIZER
+from .release import FINALIZER, release_terminating
 from .run_reader import RunReader
 from .settings import Settings, SettingsError
 
@@ -83,6 +83,9 @@ def main() -> None:
 
 async def run(settings: Settings, context: Context) -> None:
     """kopf's operator, and beside it the sweep of idle actor pools."""
+    if not settings.clusterwide:  # kopf will not watch those: issue 26 item 4, docs/operator.md (Permissions)
+        for job in await asyncio.to_thread(release_terminating, api_client(), settings.watch_namespaces):
+            logging.getLogger("controller.release").info(f"released {job}: its namespace is being deleted")
     sweep = asyncio.create_task(context.pool_sweeper.run()) if context.pool_sweeper is not None else None
     try:
         await kopf.operator(

@@ -64,17 +64,25 @@ NAMESPACE_OBSERVATION = Rule(("",), ("namespaces",), ("list", "watch"),
                              "kopf follows the watched namespaces being created or deleted")
 
 
-# Namespaced mode only: the finalizer must come off a job of a namespace being deleted after the
-# namespace controller has deleted that namespace's RoleBinding, so this right may not live there.
-FINALIZER_RELEASE = Rule((api.GROUP,), (api.PLURAL,), ("patch",),
-                         "kopf takes its finalizer off a job of a namespace being deleted, whose "
-                         "RoleBinding the namespace controller may have deleted already")
+# Namespaced mode only: what kopf needs to see a job of a namespace being deleted and take its
+# finalizer off after the namespace controller has deleted that namespace's RoleBinding, so it
+# may not live there. Each of kopf's watch reconnects in a watched namespace (a new watch, or
+# list after 410 Gone) is authorized anew; refused, it retries for a minute, then the operator exits.
+NAMESPACE_DELETION = (
+    Rule((api.GROUP,), (api.PLURAL,), ("get", "list", "watch", "patch"),
+         "kopf sees a job of a namespace being deleted and takes its finalizer off, once the "
+         "namespace controller may have deleted the RoleBinding there; at its start the operator "
+         "releases the jobs of a watched namespace already being deleted, which kopf never watches"),
+    Rule((RAY_GROUP,), ("rayjobs",), ("list", "watch"),
+         "kopf's RayJob watch in a namespace being deleted, whose RoleBinding may be gone: refused, "
+         "it stops the operator, and kopf handles no job before that watch has listed"),
+)
 
 
 def cluster_rules(clusterwide: bool) -> tuple[Rule, ...]:
     if clusterwide:
         return CLUSTER_RULES + NAMESPACED_RULES
-    return CLUSTER_RULES + (NAMESPACE_OBSERVATION, FINALIZER_RELEASE)
+    return CLUSTER_RULES + (NAMESPACE_OBSERVATION, *NAMESPACE_DELETION)
 
 
 def policy_rules(rules: tuple[Rule, ...]) -> list[dict[str, list[str]]]:

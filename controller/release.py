@@ -83,6 +83,26 @@ def release_jobs(custom: kubernetes.client.CustomObjectsApi, namespaces: tuple[s
     return released
 
 
+def release_terminating(client: kubernetes.client.ApiClient, namespaces: tuple[str, ...]) -> list[str]:
+    """At the start of an operator watching `namespaces`: release the jobs of those already being
+    deleted. kopf never watches a namespace that is terminating when it starts, so their finalizer
+    would never come off and the namespace would stay Terminating; the namespace controller
+    deletes their RayJobs."""
+    core = kubernetes.client.CoreV1Api(client)
+    terminating = []
+    for namespace in namespaces:
+        try:
+            found = core.read_namespace(namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        except ApiException as exc:
+            if exc.status == NOT_FOUND:
+                continue
+            raise
+        if found.metadata.deletion_timestamp is not None:
+            terminating.append(namespace)
+    # never release_jobs(()): that releases every job of the cluster
+    return release_jobs(kubernetes.client.CustomObjectsApi(client), tuple(terminating)) if terminating else []
+
+
 def main() -> None:
     settings = Settings.from_env()
     released = release_jobs(kubernetes.client.CustomObjectsApi(api_client()), settings.watch_namespaces)

@@ -157,8 +157,8 @@ def test_namespaced_serviceaccount_can_do_what_the_operator_needs_in_watched_nam
     kubeconfig = chart_serviceaccount_kubeconfig(kube, namespace, objects)
     namespaced = accesses(permissions.NAMESPACED_RULES)
     cluster = accesses(permissions.cluster_rules(clusterwide=False))
-    # patch (only) outlives a watched namespace's RoleBinding: its deletion must complete (issue 26 item 4)
-    released = accesses((permissions.FINALIZER_RELEASE,))
+    # what releasing the jobs needs outlives a watched namespace's RoleBinding: its deletion completes (issue 26 item 4)
+    released = accesses(permissions.NAMESPACE_DELETION)
     expected = {(a, watched): True for a in namespaced}
     expected |= {(a, None): True for a in cluster}
     expected |= {(a, other): a in released for a in namespaced}

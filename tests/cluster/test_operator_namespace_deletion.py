@@ -25,9 +25,11 @@ def namespace_gone(kube, name: str) -> bool:
     return not found.stdout.strip()
 
 
-@pytest.mark.parametrize("clusterwide", [False, True], ids=["watchNamespaces", "cluster-wide"])
+@pytest.mark.parametrize("clusterwide,case", [(False, ""), (False, "restarted"), (False, "reconnected"), (True, "")],
+                         ids=["watchNamespaces", "watchNamespaces-restarted", "watchNamespaces-reconnected",
+                              "cluster-wide"])
 def test_deleting_a_watched_namespace_with_a_job_completes(kube, namespace, kube_controllers, start_operator,
-                                                           clusterwide):
+                                                           clusterwide, case):
     # the operator's ServiceAccount lives in `namespace`, as the chart's lives in its release namespace
     watched = f"watched-{uuid.uuid4().hex[:6]}"
     kube.kubectl("create", "namespace", watched)
@@ -43,7 +45,22 @@ def test_deleting_a_watched_namespace_with_a_job_completes(kube, namespace, kube
                                                       else None)(get_json(kube, "ej", "pep", "-n", watched)), timeout=60)
         assert job["metadata"]["finalizers"] == ["embedjob.dev/cleanup"]
 
-        kube.kubectl("delete", "namespace", watched, "--wait=false")
+        if case == "reconnected":
+            # The RoleBinding gone first (the namespace controller deletes in no set order), then kopf's
+            # watches there reconnect and list again, as they do now and then: before, 403 for a minute,
+            # then the operator exited, and the namespace stayed Terminating.
+            kube.kubectl("delete", "rolebinding", "embedjob-operator", "-n", watched)
+            kube.restart_apiserver(down_seconds=2)
+        if case == "restarted":
+            # The operator (re)started while the namespace is being deleted: kopf never watches a namespace
+            # already terminating when it starts, and before, the job's finalizer stayed for good.
+            operator.stop()
+            kube.kubectl("delete", "namespace", watched, "--wait=false")
+            wait_until("the namespace's RoleBinding gone", lambda: not kube.kubectl(
+                "get", "rolebindings", "-n", watched, "-o", "name", check=False).stdout.strip(), timeout=60)
+            operator.start()
+        else:
+            kube.kubectl("delete", "namespace", watched, "--wait=false")
         try:
             wait_until(f"namespace {watched} gone", lambda: namespace_gone(kube, watched),
                        timeout=DELETION_BOUND_SECONDS)

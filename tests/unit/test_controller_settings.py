@@ -65,8 +65,11 @@ def test_permissions_are_explicit():
     namespaced = doc["namespaced"]
     assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in namespaced["clusterRole"]
     assert not any(r["resources"] == ["secrets"] for r in namespaced["clusterRole"])
-    # cluster-wide, jobs may only be patched (the finalizer off in a namespace being deleted), never read
-    assert [r["verbs"] for r in namespaced["clusterRole"] if r["resources"] == ["embeddingjobs"]] == [["patch"]]
+    # cluster-wide, what kopf needs to release the jobs of a namespace being deleted once its RoleBinding is
+    # gone: never a RayJob's get, create, patch or delete
+    assert [r["verbs"] for r in namespaced["clusterRole"] if r["resources"] == ["embeddingjobs"]] == [
+        ["get", "list", "watch", "patch"]]
+    assert [r["verbs"] for r in namespaced["clusterRole"] if r["resources"] == ["rayjobs"]] == [["list", "watch"]]
     assert namespaced["role"] == permissions.policy_rules(permissions.NAMESPACED_RULES)
 
 
