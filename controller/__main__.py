@@ -23,7 +23,7 @@ from .pool_sweeper import PoolSweeper
 from .keeper import StatusKeeper
 from .reconcile import Context
 from .refusals import Refusals
-from .release import FINALIZER, release_terminating
+from .release import FINALIZER, release_terminating_forever
 from .run_reader import RunReader
 from .settings import Settings, SettingsError
 
@@ -82,11 +82,11 @@ def main() -> None:
 
 
 async def run(settings: Settings, context: Context) -> None:
-    """kopf's operator, and beside it the sweep of idle actor pools."""
-    if not settings.clusterwide:  # kopf will not watch those: issue 26 item 4, docs/operator.md (Permissions)
-        for job in await asyncio.to_thread(release_terminating, api_client(), settings.watch_namespaces):
-            logging.getLogger("controller.release").info(f"released {job}: its namespace is being deleted")
-    sweep = asyncio.create_task(context.pool_sweeper.run()) if context.pool_sweeper is not None else None
+    """kopf's operator, and beside it the sweep of idle actor pools and (watchNamespaces) the release of jobs
+    whose namespace is being deleted."""
+    tasks = [asyncio.create_task(context.pool_sweeper.run())] if context.pool_sweeper is not None else []
+    if not settings.clusterwide:  # kopf cannot be relied on there: issue 26 item 4, docs/operator.md (Permissions)
+        tasks.append(asyncio.create_task(release_terminating_forever(api_client(), settings.watch_namespaces)))
     try:
         await kopf.operator(
             settings=kopf_settings(),
@@ -98,8 +98,8 @@ async def run(settings: Settings, context: Context) -> None:
                            refusals=Refusals(context.kube)),
         )
     finally:
-        if sweep is not None:
-            sweep.cancel()
+        for task in tasks:
+            task.cancel()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ has: `list` and `patch` on EmbeddingJobs.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sys
 from typing import Any
 
@@ -27,6 +29,9 @@ FINALIZER = f"{api.GROUP}/cleanup"
 RELEASED = f"{api.GROUP}/released"
 ATTEMPTS = 5
 REQUEST_TIMEOUT_SECONDS = 30
+# How often an operator with watchNamespaces looks for a watched namespace being deleted (release_terminating).
+TERMINATING_POLL_SECONDS = 5.0
+log = logging.getLogger("controller.release")
 
 
 def release_patch(job: dict[str, Any]) -> dict[str, Any]:
@@ -62,8 +67,16 @@ def _release_one(custom: kubernetes.client.CustomObjectsApi, job: dict[str, Any]
     raise RuntimeError(f"{namespace}/{name}: kept changing, not released after {ATTEMPTS} attempts")
 
 
-def release_jobs(custom: kubernetes.client.CustomObjectsApi, namespaces: tuple[str, ...]) -> list[str]:
-    """Release every job in `namespaces` (empty: all); returns their `namespace/name`s."""
+def guarded(job: dict[str, Any]) -> bool:
+    """Whether the job is not released yet: it has our finalizer or lacks the released annotation."""
+    meta = job["metadata"]
+    return FINALIZER in (meta.get("finalizers") or []) or (meta.get("annotations") or {}).get(RELEASED) != "true"
+
+
+def release_jobs(custom: kubernetes.client.CustomObjectsApi, namespaces: tuple[str, ...],
+                 guarded_only: bool = False) -> list[str]:
+    """Release every job in `namespaces` (empty: all), or only those not released yet; returns their
+    `namespace/name`s."""
     if namespaces:
         listings = [custom.list_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL,
                                                          _request_timeout=REQUEST_TIMEOUT_SECONDS)
@@ -78,16 +91,19 @@ def release_jobs(custom: kubernetes.client.CustomObjectsApi, namespaces: tuple[s
             listings = []
     released = []
     for job in (job for listing in listings for job in listing.get("items", [])):
+        if guarded_only and not guarded(job):
+            continue
         _release_one(custom, job)
         released.append(f"{job['metadata']['namespace']}/{job['metadata']['name']}")
     return released
 
 
 def release_terminating(client: kubernetes.client.ApiClient, namespaces: tuple[str, ...]) -> list[str]:
-    """At the start of an operator watching `namespaces`: release the jobs of those already being
-    deleted. kopf never watches a namespace that is terminating when it starts, so their finalizer
-    would never come off and the namespace would stay Terminating; the namespace controller
-    deletes their RayJobs."""
+    """Release the guarded jobs of the watched `namespaces` that are being deleted; returns those released.
+    kopf cannot be relied on there: it never watches a namespace that is already terminating when it starts,
+    and it stops watching one whose deletion conditions all read False for a moment, while our finalizer
+    still holds it; so the jobs' finalizers would never come off and the namespace would stay Terminating.
+    The namespace controller deletes their RayJobs."""
     core = kubernetes.client.CoreV1Api(client)
     terminating = []
     for namespace in namespaces:
@@ -100,7 +116,22 @@ def release_terminating(client: kubernetes.client.ApiClient, namespaces: tuple[s
         if found.metadata.deletion_timestamp is not None:
             terminating.append(namespace)
     # never release_jobs(()): that releases every job of the cluster
-    return release_jobs(kubernetes.client.CustomObjectsApi(client), tuple(terminating)) if terminating else []
+    return release_jobs(kubernetes.client.CustomObjectsApi(client), tuple(terminating), guarded_only=True) \
+        if terminating else []
+
+
+async def release_terminating_forever(client: kubernetes.client.ApiClient, namespaces: tuple[str, ...],
+                                      interval_seconds: float = TERMINATING_POLL_SECONDS) -> None:
+    """release_terminating every `interval_seconds`, from the operator's start (watchNamespaces only: cluster-wide,
+    kopf watches every namespace with a ClusterRole that a namespace's deletion cannot take away)."""
+    while True:
+        try:
+            for job in await asyncio.to_thread(release_terminating, client, namespaces):
+                log.info(f"released {job}: its namespace is being deleted")
+        except Exception as exc:  # noqa: BLE001 - an API server away for a while: the next round tries again
+            log.warning(f"releasing the jobs of watched namespaces being deleted failed, tried again in "
+                        f"{interval_seconds:g} s: {exc}")
+        await asyncio.sleep(interval_seconds)
 
 
 def main() -> None:
