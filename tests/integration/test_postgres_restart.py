@@ -1,6 +1,7 @@
 """Fault matrix: PostgreSQL restarted while the driver writes (real Ray, the real model, and a
 PostgreSQL server of this module's own, so restarting it disturbs no other test)."""
 
+import json
 import logging
 import tempfile
 import threading
@@ -12,11 +13,13 @@ import sqlalchemy as sa
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.sink.copy_data import content_salt
 from embedjob_worker.core.records import Record
+from embedjob_worker.plan import checks, feed
 from embedjob_worker.plan.checks import classify_records
 from embedjob_worker.run.job import run_job
 from embedjob_worker.sink.seen_ids import SeenIds
 from embedjob_worker.sink.runs import RunRequest
 from embedjob_worker.sink.target import SinkTarget
+from embedjob_worker.source import table as table_source
 from embedjob_worker.source.files import read_records
 from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
@@ -58,14 +61,52 @@ def committed(url: str) -> int:
         return 0
 
 
-def test_postgres_restarted_mid_write_loses_and_duplicates_nothing(ray_address, own_postgres, tmp_path, caplog):
+def fresh_database(server, name: str) -> str:
+    """A new database on the module's server, as a SQLAlchemy URL."""
+    admin = sa.create_engine(server.get_uri(), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return sa.engine.make_url(server.get_uri()).set(drivername="postgresql+psycopg", database=name).render_as_string(
+        hide_password=False)
+
+
+def fill_docs(url: str, texts: list[str]) -> None:
+    """Table `docs`: integer ids 1..n, a text each."""
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE docs (id integer PRIMARY KEY, body text)"))
+        conn.execute(sa.text("INSERT INTO docs VALUES (:id, :body)"),
+                     [{"id": i + 1, "body": text} for i, text in enumerate(texts)])
+    engine.dispose()
+
+
+@pytest.mark.parametrize("source_kind", ["file", "table"])
+def test_postgres_restarted_mid_write_loses_and_duplicates_nothing(ray_address, own_postgres, tmp_path, caplog,
+                                                                   monkeypatch, source_kind):
+    """A restart ends every session at once, as a failover does: the job's lock, the writes and, for a table
+    source, the reader's (before issue 27 item 6, its named cursor died with it: SourceUnreadable)."""
     caplog.set_level(logging.INFO, logger="embedjob_worker")
-    url = own_postgres.get_uri().replace("postgresql://", "postgresql+psycopg://", 1)
+    url = fresh_database(own_postgres, f"restart_{source_kind}")
     max_in_flight, records = 4, 640
-    source = write_input(tmp_path / "restart.jsonl", corpus_lines(5000, records))
-    expected = {r.id for r in classify_records(read_records(str(source), "jsonl", "id", "text"))
-                if isinstance(r, Record)}
-    job = JobConfig.from_manifest(manifest(source, "pgrestart", batch_size=16, max_in_flight=max_in_flight))
+    lines = corpus_lines(5000, records)
+    spec = manifest(tmp_path / "restart.jsonl", f"pgrestart-{source_kind}", batch_size=16, max_in_flight=max_in_flight)
+    if source_kind == "file":
+        source = write_input(tmp_path / "restart.jsonl", lines)
+        expected = {r.id for r in classify_records(read_records(str(source), "jsonl", "id", "text"))
+                    if isinstance(r, Record)}
+    else:
+        texts = [json.loads(line)["text"] for line in lines]
+        fill_docs(url, texts)
+        expected = {str(i + 1) for i, text in enumerate(texts) if text.strip()}
+        spec["spec"]["source"] = {"table": {"name": "docs", "idColumn": "id", "textColumn": "body"}}
+        spec["spec"]["sync"] = {"deleteMissing": True}
+        # the reader stays a few pages ahead of the writes, not done when the restart comes
+        spec["spec"]["batching"]["sortWindow"] = 32
+        monkeypatch.setattr(table_source, "PAGE_ROWS", 32)
+        monkeypatch.setattr(checks, "CLAIM_CHUNK_RECORDS", 32)
+        monkeypatch.setattr(feed, "LOOKUP_RECORDS", 32)
+    job = JobConfig.from_manifest(spec)
     outcome = {}
     driver = threading.Thread(target=lambda: outcome.update(summary=run_job(job, url)))
     driver.start()
@@ -93,6 +134,8 @@ def test_postgres_restarted_mid_write_loses_and_duplicates_nothing(ray_address, 
     assert query(url, "SELECT state, batches_succeeded, records_embedded FROM embedjob_runs") == [
         ("succeeded", 40, len(expected))]
     assert retried and all(r.reason.startswith("DatabaseWriteFailed") for r in retried), retried
+    reconnects = [r for r in caplog.records if r.getMessage() == "source_reconnecting"]
+    assert bool(reconnects) == (source_kind == "table")  # the reader's session was cut mid-read, and came back
 
 
 def test_duplicate_id_claims_wait_for_a_restarting_postgres(own_postgres):
