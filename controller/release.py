@@ -104,17 +104,10 @@ def release_terminating(client: kubernetes.client.ApiClient, namespaces: tuple[s
     and it stops watching one whose deletion conditions all read False for a moment, while our finalizer
     still holds it; so the jobs' finalizers would never come off and the namespace would stay Terminating.
     The namespace controller deletes their RayJobs."""
-    core = kubernetes.client.CoreV1Api(client)
-    terminating = []
-    for namespace in namespaces:
-        try:
-            found = core.read_namespace(namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS)
-        except ApiException as exc:
-            if exc.status == NOT_FOUND:
-                continue
-            raise
-        if found.metadata.deletion_timestamp is not None:
-            terminating.append(namespace)
+    # One list a round, whatever the number of watched namespaces (namespaced mode may list them: kopf does).
+    listed = kubernetes.client.CoreV1Api(client).list_namespace(_request_timeout=REQUEST_TIMEOUT_SECONDS)
+    terminating = [ns.metadata.name for ns in listed.items
+                   if ns.metadata.name in namespaces and ns.metadata.deletion_timestamp is not None]
     # never release_jobs(()): that releases every job of the cluster
     return release_jobs(kubernetes.client.CustomObjectsApi(client), tuple(terminating), guarded_only=True) \
         if terminating else []

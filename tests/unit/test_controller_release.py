@@ -21,20 +21,19 @@ class StandInCore:
     def __init__(self, namespaces):
         self.namespaces = namespaces
 
-    def read_namespace(self, name, **_):
+    def list_namespace(self, **_):
         from types import SimpleNamespace
 
-        from kubernetes.client.exceptions import ApiException
-        if name not in self.namespaces:
-            raise ApiException(status=404)
-        return SimpleNamespace(metadata=SimpleNamespace(deletion_timestamp="now" if self.namespaces[name] else None))
+        return SimpleNamespace(items=[
+            SimpleNamespace(metadata=SimpleNamespace(name=name, deletion_timestamp="now" if deleting else None))
+            for name, deleting in self.namespaces.items()])
 
 
 def test_release_terminating_releases_the_jobs_of_watched_namespaces_being_deleted_only(monkeypatch):
     """Issue 26 item 4: kopf never watches a namespace already terminating when the operator starts."""
     seen = []
     monkeypatch.setattr(release.kubernetes.client, "CoreV1Api",
-                        lambda client: StandInCore({"gone-soon": True, "live": False}))
+                        lambda client: StandInCore({"gone-soon": True, "live": False, "unwatched": True}))
     monkeypatch.setattr(release.kubernetes.client, "CustomObjectsApi", lambda client: "custom")
     monkeypatch.setattr(release, "release_jobs", lambda custom, namespaces, guarded_only: seen.append(
         (namespaces, guarded_only)) or ["gone-soon/a"])
