@@ -86,7 +86,7 @@ async def run(settings: Settings, context: Context) -> None:
     whose namespace is being deleted."""
     tasks = [asyncio.create_task(context.pool_sweeper.run())] if context.pool_sweeper is not None else []
     if not settings.clusterwide:  # kopf cannot be relied on there: issue 26 item 4, docs/operator.md (Permissions)
-        tasks.append(asyncio.create_task(release_terminating_forever(api_client(), settings.watch_namespaces)))
+        tasks.append(asyncio.create_task(release_terminating_forever(api_client(retries=0), settings.watch_namespaces)))
     try:
         await kopf.operator(
             settings=kopf_settings(),

@@ -27,13 +27,17 @@ FORBIDDEN, NOT_FOUND, CONFLICT = 403, 404, 409
 REQUEST_TIMEOUT = (10.0, 30.0)
 
 
-def api_client() -> kubernetes.client.ApiClient:
-    """In-cluster credentials, else the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
+def api_client(retries: int | None = None) -> kubernetes.client.ApiClient:
+    """In-cluster credentials, else the kubeconfig ($KUBECONFIG or ~/.kube/config). `retries`: how often
+    urllib3 retries a call that failed to connect or read (None: its default, 3)."""
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
-    return kubernetes.client.ApiClient()
+    configuration = kubernetes.client.Configuration.get_default_copy()
+    if retries is not None:
+        configuration.retries = retries
+    return kubernetes.client.ApiClient(configuration)
 
 
 class KubeApi:

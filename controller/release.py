@@ -28,9 +28,12 @@ from .settings import Settings
 FINALIZER = f"{api.GROUP}/cleanup"
 RELEASED = f"{api.GROUP}/released"
 ATTEMPTS = 5
-REQUEST_TIMEOUT_SECONDS = 30
-# How often an operator with watchNamespaces looks for a watched namespace being deleted (release_terminating).
+REQUEST_TIMEOUT_SECONDS: float | tuple[float, float] = 30
+# How often an operator with watchNamespaces looks for a watched namespace being deleted (release_terminating),
+# and the bounds (connect, read) of that round's calls, made by a client that does not retry them: a read
+# retried 3 times by urllib3 held a round for 2 minutes after an API server restart; the next round retries.
 TERMINATING_POLL_SECONDS = 5.0
+TERMINATING_REQUEST_TIMEOUT = (5.0, 10.0)
 log = logging.getLogger("controller.release")
 
 
@@ -45,12 +48,13 @@ def release_patch(job: dict[str, Any]) -> dict[str, Any]:
     }}
 
 
-def _release_one(custom: kubernetes.client.CustomObjectsApi, job: dict[str, Any]) -> None:
+def _release_one(custom: kubernetes.client.CustomObjectsApi, job: dict[str, Any],
+                 timeout: float | tuple[float, float]) -> None:
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
     for _ in range(ATTEMPTS):
         try:
             custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name,
-                                                  release_patch(job), _request_timeout=REQUEST_TIMEOUT_SECONDS)
+                                                  release_patch(job), _request_timeout=timeout)
             return
         except ApiException as exc:
             if exc.status == NOT_FOUND:
@@ -59,7 +63,7 @@ def _release_one(custom: kubernetes.client.CustomObjectsApi, job: dict[str, Any]
                 raise
         try:
             job = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name,
-                                                      _request_timeout=REQUEST_TIMEOUT_SECONDS)
+                                                      _request_timeout=timeout)
         except ApiException as exc:
             if exc.status == NOT_FOUND:
                 return
@@ -74,17 +78,18 @@ def guarded(job: dict[str, Any]) -> bool:
 
 
 def release_jobs(custom: kubernetes.client.CustomObjectsApi, namespaces: tuple[str, ...],
-                 guarded_only: bool = False) -> list[str]:
+                 guarded_only: bool = False,
+                 timeout: float | tuple[float, float] = REQUEST_TIMEOUT_SECONDS) -> list[str]:
     """Release every job in `namespaces` (empty: all), or only those not released yet; returns their
-    `namespace/name`s."""
+    `namespace/name`s. `timeout`: each call's."""
     if namespaces:
         listings = [custom.list_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL,
-                                                         _request_timeout=REQUEST_TIMEOUT_SECONDS)
+                                                         _request_timeout=timeout)
                     for ns in namespaces]
     else:
         try:
             listings = [custom.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL,
-                                                          _request_timeout=REQUEST_TIMEOUT_SECONDS)]
+                                                          _request_timeout=timeout)]
         except ApiException as exc:
             if exc.status != NOT_FOUND:  # the CRD is gone already: nothing to release
                 raise
@@ -93,7 +98,7 @@ def release_jobs(custom: kubernetes.client.CustomObjectsApi, namespaces: tuple[s
     for job in (job for listing in listings for job in listing.get("items", [])):
         if guarded_only and not guarded(job):
             continue
-        _release_one(custom, job)
+        _release_one(custom, job, timeout)
         released.append(f"{job['metadata']['namespace']}/{job['metadata']['name']}")
     return released
 
@@ -105,12 +110,12 @@ def release_terminating(client: kubernetes.client.ApiClient, namespaces: tuple[s
     still holds it; so the jobs' finalizers would never come off and the namespace would stay Terminating.
     The namespace controller deletes their RayJobs."""
     # One list a round, whatever the number of watched namespaces (namespaced mode may list them: kopf does).
-    listed = kubernetes.client.CoreV1Api(client).list_namespace(_request_timeout=REQUEST_TIMEOUT_SECONDS)
+    listed = kubernetes.client.CoreV1Api(client).list_namespace(_request_timeout=TERMINATING_REQUEST_TIMEOUT)
     terminating = [ns.metadata.name for ns in listed.items
                    if ns.metadata.name in namespaces and ns.metadata.deletion_timestamp is not None]
     # never release_jobs(()): that releases every job of the cluster
-    return release_jobs(kubernetes.client.CustomObjectsApi(client), tuple(terminating), guarded_only=True) \
-        if terminating else []
+    return release_jobs(kubernetes.client.CustomObjectsApi(client), tuple(terminating), guarded_only=True,
+                        timeout=TERMINATING_REQUEST_TIMEOUT) if terminating else []
 
 
 async def release_terminating_forever(client: kubernetes.client.ApiClient, namespaces: tuple[str, ...],

@@ -5,6 +5,8 @@ too when the operator watches some namespaces, and the operator still takes its 
 from __future__ import annotations
 
 import json
+import re
+import time
 import uuid
 
 import pytest
@@ -18,6 +20,12 @@ pytestmark = pytest.mark.k8s
 DB_URL = "postgresql://writer:secret@db.example:5432/embed"
 # The namespace controller retries what is left with a backoff; a deletion that completes does so well within.
 DELETION_BOUND_SECONDS = 120
+
+
+def errors_since(log: str, since: str) -> list[str]:
+    """The operator's logged tracebacks from `since` (its log's "YYYY-mm-dd HH:MM:SS" clock) on."""
+    entries = re.split(r"\n(?=\[\d{4}-\d\d-\d\d )", log)
+    return [entry for entry in entries if entry[1:20] >= since and "Traceback" in entry]
 
 
 def namespace_gone(kube, name: str) -> bool:
@@ -61,15 +69,20 @@ def test_deleting_a_watched_namespace_with_a_job_completes(kube, namespace, kube
             operator.start()
         else:
             kube.kubectl("delete", "namespace", watched, "--wait=false")
+        # Before this (reconnected), a sync may rightly fail: the RoleBinding gone, or the API server restarting.
+        deleting_since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 1))
         try:
             wait_until(f"namespace {watched} gone", lambda: namespace_gone(kube, watched),
                        timeout=DELETION_BOUND_SECONDS)
         except AssertionError:  # wait_until's timeout: show what holds the namespace
-            left = kube.kubectl("get", "ej,rayjobs,rolebindings", "-n", watched, "-o", "wide", check=False)
-            pytest.fail(f"namespace {watched} still there after {DELETION_BOUND_SECONDS}s:\n{left.stdout}"
-                        f"\noperator log:\n{operator.log()[-3000:]}")
-        log = operator.log()
-        first = log.find("Traceback")  # a RayJob call refused (403) once the RoleBinding went, for one
-        assert first < 0, log[max(0, first - 2500):first + 2500]
+            left = kube.kubectl("get", "ej,rayjobs,rolebindings", "-n", watched, "-o", "yaml", check=False)
+            conditions = kube.kubectl("get", "namespace", watched, "-o", "jsonpath={.status}", check=False)
+            # the operator's own lines, not the traceback bodies between them
+            lines = [line for line in operator.log().splitlines() if line.startswith("[")]
+            pytest.fail(f"namespace {watched} still there after {DELETION_BOUND_SECONDS}s: {conditions.stdout}\n"
+                        f"{left.stdout[-4000:]}\noperator log:\n" + "\n".join(lines[-60:]))
+        # none, such as a RayJob call or a status write refused (403) once the RoleBinding went
+        errors = errors_since(operator.log(), deleting_since)
+        assert not errors, errors[0][-5000:]
     finally:
         kube.kubectl("delete", "namespace", watched, "--wait=false", "--ignore-not-found", check=False)

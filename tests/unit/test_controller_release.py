@@ -35,12 +35,13 @@ def test_release_terminating_releases_the_jobs_of_watched_namespaces_being_delet
     monkeypatch.setattr(release.kubernetes.client, "CoreV1Api",
                         lambda client: StandInCore({"gone-soon": True, "live": False, "unwatched": True}))
     monkeypatch.setattr(release.kubernetes.client, "CustomObjectsApi", lambda client: "custom")
-    monkeypatch.setattr(release, "release_jobs", lambda custom, namespaces, guarded_only: seen.append(
-        (namespaces, guarded_only)) or ["gone-soon/a"])
+    monkeypatch.setattr(release, "release_jobs", lambda custom, namespaces, guarded_only, timeout: seen.append(
+        (namespaces, guarded_only, timeout)) or ["gone-soon/a"])
     assert release.release_terminating(None, ("live", "gone-soon", "absent")) == ["gone-soon/a"]
-    assert seen == [(("gone-soon",), True)]
+    # short calls: a round never waits on one for long, the next round is the retry
+    assert seen == [(("gone-soon",), True, release.TERMINATING_REQUEST_TIMEOUT)]
     # none being deleted: never release_jobs(()), which releases every job of the cluster
-    assert release.release_terminating(None, ("live",)) == [] and seen == [(("gone-soon",), True)]
+    assert release.release_terminating(None, ("live",)) == [] and len(seen) == 1
 
 
 def test_a_job_released_already_is_not_released_again_each_round():
