@@ -3,5 +3,5 @@
 
 def pytest_configure(config):
     # a conftest below the rootdir may not set pytest_plugins: register this tier's plugins here
-    for plugin in ("plugins.postgres", "plugins.ray_heads"):
+    for plugin in ("plugins.postgres", "plugins.ray_heads", "plugins.s3"):
         config.pluginmanager.import_plugin(plugin)

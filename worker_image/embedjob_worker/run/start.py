@@ -76,7 +76,10 @@ def _resolve_inputs(config: JobConfig) -> tuple[ResolvedModel, str, InputSnapsho
     try:
         return resolved, uri, table_snapshot(table) if table else input_snapshot(uri)
     except (OSError, ValueError) as exc:
-        raise JobFailed("SourceUnavailable", f"spec.source {uri}: {type(exc).__name__}: {exc}") from None
+        # An object store's refusal says no more than "Forbidden": say where to look.
+        hint = ("; the store refused this job's credentials or their access to the object (docs/sources.md "
+                "says which variables are read)") if isinstance(exc, PermissionError) and "://" in uri else ""
+        raise JobFailed("SourceUnavailable", f"spec.source {uri}: {type(exc).__name__}: {exc}{hint}") from None
 
 
 def _token_plan(config: JobConfig, resolved: ResolvedModel) -> tuple[TokenBudget | None, Chunker | None]:

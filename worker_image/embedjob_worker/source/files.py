@@ -15,10 +15,12 @@ import io
 import json
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
 import fsspec
+from fsspec.spec import AbstractBufferedFile
 
 from embedjob.api import Source
 
@@ -64,6 +66,15 @@ def bounded_lines(f: IO, limit: int = MAX_RECORD_BYTES) -> Iterator:
         yield OversizedLine(size)
 
 
+@contextmanager
+def open_text_source(uri: str) -> Iterator[IO[bytes]]:
+    """The input at `uri` as a buffered binary stream, decompressed by its extension. An object store's
+    file (fsspec's AbstractBufferedFile) has no readline(size), which bounded_lines needs: it is put
+    behind an io.BufferedReader, which reads it by its ranged reads."""
+    with fsspec.open(uri, "rb", compression="infer") as f:
+        yield io.BufferedReader(f) if isinstance(f, AbstractBufferedFile) else f
+
+
 def resolve_uri(uri: str, base_dir: Path | None) -> str:
     """A relative local path resolves against base_dir; URLs and absolute paths stay."""
     if "://" in uri or base_dir is None or Path(uri).is_absolute():
@@ -94,14 +105,14 @@ def count_records(uri: str, fmt: str) -> int | None:
             return pq.ParquetFile(f).metadata.num_rows
     if "://" in uri and not uri.startswith("file://"):
         return None
-    with fsspec.open(uri, "rb", compression="infer") as f:
+    with open_text_source(uri) as f:
         lines = sum(1 for line in bounded_lines(f) if isinstance(line, OversizedLine) or line.strip())
     # The CSV header is not a record; quoted multi-line CSV cells make this an estimate.
     return lines - 1 if fmt == "csv" else lines
 
 
 def _read_jsonl(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
-    with fsspec.open(uri, "rb", compression="infer") as f:
+    with open_text_source(uri) as f:
         position = 0
         lines = bounded_lines(f)
         while True:
@@ -137,7 +148,7 @@ def _jsonl_record(position: int, line: str, id_field: str, text_field: str) -> R
 def _read_csv(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
     # A cell may be as large as a record may be (the csv module's default stops at 128 KiB).
     csv.field_size_limit(MAX_RECORD_BYTES)
-    with fsspec.open(uri, "rb", compression="infer") as raw:
+    with open_text_source(uri) as raw:
         # utf-8-sig: a BOM is not part of the first column's name.
         text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
         # Whole records, split quote-aware: one over the limit is skipped to its real end.
