@@ -22,10 +22,15 @@ DB_URL = "postgresql://writer:secret@db.example:5432/embed"
 DELETION_BOUND_SECONDS = 120
 
 
+def log_clock(seconds: float) -> str:
+    """A time as the operator's log writes it: "YYYY-mm-dd HH:MM:SS,mmm", local time."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) + f",{int(seconds % 1 * 1000):03d}"
+
+
 def errors_since(log: str, since: str) -> list[str]:
-    """The operator's logged tracebacks from `since` (its log's "YYYY-mm-dd HH:MM:SS" clock) on."""
+    """The operator's logged tracebacks from `since` (log_clock) on."""
     entries = re.split(r"\n(?=\[\d{4}-\d\d-\d\d )", log)
-    return [entry for entry in entries if entry[1:20] >= since and "Traceback" in entry]
+    return [entry for entry in entries if entry[1:24] >= since and "Traceback" in entry]
 
 
 def namespace_gone(kube, name: str) -> bool:
@@ -70,7 +75,7 @@ def test_deleting_a_watched_namespace_with_a_job_completes(kube, namespace, kube
         else:
             kube.kubectl("delete", "namespace", watched, "--wait=false")
         # Before this (reconnected), a sync may rightly fail: the RoleBinding gone, or the API server restarting.
-        deleting_since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 1))
+        deleting_since = log_clock(time.time())
         try:
             wait_until(f"namespace {watched} gone", lambda: namespace_gone(kube, watched),
                        timeout=DELETION_BOUND_SECONDS)
