@@ -67,7 +67,10 @@ def test_writer_actors_write_every_record_once_with_the_bad_ones_and_exact_count
 def test_killing_a_writer_actor_mid_run_retries_its_group_and_loses_and_duplicates_nothing(
         ray_address, database_url, tmp_path):
     source = write_input(tmp_path / "kill-writer.jsonl", corpus_lines(4700, 480))
-    job = JobConfig.from_manifest(with_writers(manifest(source, "killwriter", batch_size=16), 2))
+    # maxInFlight 4: a batch counts until a writer committed it, so at the kill most of the run is still to be
+    # written and the killed writer's slot gets a group again (unbounded, the encoders had once run so far ahead
+    # that the writer's last group was done before the kill, and nothing was lost)
+    job = JobConfig.from_manifest(with_writers(manifest(source, "killwriter", batch_size=16, max_in_flight=4), 2))
     outcome = {}
     driver = threading.Thread(target=lambda: outcome.update(summary=run_job(job, database_url)))
     driver.start()

@@ -123,7 +123,9 @@ class RefusingKube(StandInKube):
         self.status = status
 
     async def create_or_get_rayjob(self, manifest):
-        raise ApiException(status=self.status, reason="Forbidden", body=QUOTA_REFUSAL)
+        refused = ApiException(status=self.status, reason="Forbidden")
+        refused.body = QUOTA_REFUSAL  # as the client sets it from the response (its constructor's arguments vary)
+        raise refused
 
 
 def launch_and_sync(kube) -> list:
