@@ -53,7 +53,10 @@ def test_deleting_a_watched_namespace_with_a_job_completes(kube, namespace, kube
         create_database_secret(kube, watched, DB_URL)
         env = {} if clusterwide else {"EMBEDJOB_WATCH_NAMESPACES": f"{namespace},{watched}"}
         operator = start_operator(kube, namespace, clusterwide=clusterwide, **env)
-        apply_job(kube, watched, "pep")
+        # suspended: the RayJob is made, and KubeRay (running when earlier tests started it) makes no RayCluster.
+        # Unsuspended, its pods went to the test node: a CI run timed out with the job released at once and the
+        # namespace controller still waiting for those pods after 120 s (reconnected, after the API server restart).
+        apply_job(kube, watched, "pep", suspend=True)
         job = wait_until("the job's RayJob", lambda: (lambda j: j if j.get("status", {}).get("rayJobName")
                                                       else None)(get_json(kube, "ej", "pep", "-n", watched)), timeout=60)
         assert job["metadata"]["finalizers"] == ["embedjob.dev/cleanup"]
