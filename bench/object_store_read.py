@@ -3,8 +3,10 @@
 N records of the corpus (repeated under new ids when N exceeds it) are cut into P parts,
 written once as JSONL and once as Parquet, to a temporary directory and to a bucket of
 moto's S3 server (`moto[server]`, started here on loopback, as the tests start it). Each
-round reads every part of each format from both places through `read_records`, one part
-after the other, as the driver reads its input: no model, no Ray, no sink. moto's server is
+round reads each format's parts from both places as one dataset, the way a run with a prefix
+for its source does: the snapshot (the listing with each object's ETag; a local file's
+sha256) and then every part through `read_dataset`, one after the other, each checked
+against its snapshot first. No model, no Ray, no sink. moto's server is
 a Python (Werkzeug) process on the same two cores, so the S3 figures are a pessimistic
 stand-in for a real store's.
 
@@ -74,7 +76,8 @@ def main() -> None:
 
     import botocore.session
 
-    from embedjob_worker.source.files import read_records
+    from embedjob_worker.source.dataset import dataset_snapshot
+    from embedjob_worker.source.files import read_dataset
 
     with open_corpus(args.corpus) as f:
         corpus = [json.loads(line)["text"] for line in f]
@@ -88,14 +91,14 @@ def main() -> None:
     local = Path(tempfile.mkdtemp(prefix="embedjob-object-read-"))
     client = botocore.session.get_session().create_client("s3", endpoint_url=endpoint)
     client.create_bucket(Bucket="bench")
-    uris: dict[str, list[str]] = {}
+    uris: dict[str, str] = {}  # each a prefix: the format picks its parts
     for fmt in FORMATS:
         for number, part in enumerate(parts):
             data = part_bytes(part, fmt)
             (local / f"part-{number:05}.{fmt}").write_bytes(data)
             client.put_object(Bucket="bench", Key=f"corpus/part-{number:05}.{fmt}", Body=data)
-        uris[f"{fmt} local"] = [str(local / f"part-{n:05}.{fmt}") for n in range(len(parts))]
-        uris[f"{fmt} s3"] = [f"s3://bench/corpus/part-{n:05}.{fmt}" for n in range(len(parts))]
+        uris[f"{fmt} local"] = f"{local}/"
+        uris[f"{fmt} s3"] = "s3://bench/corpus/"
     print(f"{args.records} records in {len(parts)} parts, {args.rounds} rounds, S3: moto at {endpoint}")
 
     def reading(name: str):
@@ -103,7 +106,9 @@ def main() -> None:
 
         def records_per_second() -> float:
             started = time.perf_counter()
-            count = sum(1 for uri in uris[name] for _ in read_records(uri, fmt, "id", "text"))
+            files = dataset_snapshot(uris[name], fmt).files
+            assert len(files) == len(parts), files
+            count = sum(1 for _ in read_dataset(files, fmt, "id", "text"))
             assert count == args.records, count
             return count / (time.perf_counter() - started)
         return records_per_second

@@ -30,8 +30,8 @@ class SourceFormat(str, Enum):
 
 
 class Source(ApiModel):
-    """Where the texts come from: one file (uri) or one PostgreSQL table or view (table), streamed record by
-    record (never loaded whole)."""
+    """Where the texts come from: one file or a dataset of many (uri), or one PostgreSQL table or view (table),
+    streamed record by record (never loaded whole)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -51,7 +51,9 @@ class Source(ApiModel):
             max_length=2048,
             description="The input file: a URL (s3://, gs://, az://, https://, file:///...) or, on a cluster, an "
             "absolute path in the worker image or on a volume mounted into the Ray pods (a relative path is "
-            "refused: RelativeSourcePath). `embedjob run` also takes a path relative to the manifest's directory.",
+            "refused: RelativeSourcePath). `embedjob run` also takes a path relative to the manifest's directory. "
+            "A dataset of many files: a prefix ending in / (every file under it whose name ends in the format's "
+            "extension) or a glob (*, ?, [...], ** across folders), read in lexical order of key (docs/sources.md).",
         ),
     ] = None
     format: SourceFormat = Field(

@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from support.net import free_port
-from support.driver_crash import kill_driver_after, succeeded_batches
+from support.driver_crash import assert_resumed_exactly, kill_driver_after, succeeded_batches
 from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
 from support.polling import wait_until
@@ -141,13 +141,8 @@ def test_killing_the_driver_mid_job_loses_at_most_the_batches_in_flight(ray_addr
     assert committed <= dispatched
     assert len(dispatched - committed) <= max_in_flight  # the work the crash lost
 
-    summary = run_job(JobConfig.from_manifest(spec), database_url)
-    assert summary.state == "succeeded", summary.error
-    assert summary.batches_skipped == len(committed)
-    assert query(database_url, "SELECT count(*), count(DISTINCT record_id) FROM embeddings")[0] == (640, 640)
     # No batch was written twice: one succeeded attempt per batch across both runs.
-    per_batch = query(database_url, "SELECT batch_id, count(*) FROM embedjob_batch_attempts"
-                      " WHERE outcome = 'succeeded' GROUP BY 1")
-    assert len(per_batch) == 40 and all(count == 1 for _, count in per_batch)
+    assert_resumed_exactly(run_job(JobConfig.from_manifest(spec), database_url), committed, database_url,
+                           records=640, batches=40)
     run = query(database_url, "SELECT state, batches_succeeded, records_embedded FROM embedjob_runs")
     assert run == [("succeeded", 40, 640)]

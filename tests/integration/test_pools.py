@@ -21,6 +21,7 @@ from embedjob_worker.core.config import JobConfig
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.encode.lease import LEASE_LOST, PoolLease
 from embedjob_worker.core.actor_names import pool_actor_name
+from support.driver_crash import succeeded_attempts
 from support.polling import wait_until
 from support.pools import PACKAGED_MODEL, SHARED_CLUSTER, other_revision_model, sample_input, shared_job
 from support.sql import query
@@ -184,9 +185,8 @@ def test_a_job_whose_pool_is_removed_mid_run_stops_with_lease_lost_and_a_rerun_c
     assert query(database_url, "SELECT count(*), count(DISTINCT record_id) FROM embeddings")[0] == (400, 400)
     ids = {r.record_id for r in query(database_url, "SELECT record_id FROM embeddings")}
     assert ids == {json.loads(line)["id"] for line in source.read_text().splitlines()}
-    per_batch = query(database_url, "SELECT batch_id, count(*) FROM embedjob_batch_attempts"
-                      " WHERE outcome = 'succeeded' GROUP BY 1")
-    assert len(per_batch) == 50 and all(count == 1 for _, count in per_batch)
+    attempts = succeeded_attempts(database_url)
+    assert len(attempts) == 50 and set(attempts.values()) == {1}
     assert query(database_url, "SELECT state FROM embedjob_runs") == [("succeeded",)]
     token_ray.client().run(pool_removal_command(pool), f"remove-{uuid.uuid4().hex[:6]}", timeout_s=120)
 

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 import yaml
 
 from support.cli import EMBEDJOB
-from support.driver_crash import kill_driver_after, other_sessions
+from support.driver_crash import kill_driver_after, other_sessions, succeeded_attempts
 from support.corpus import corpus_lines
 from support.paths import REPO, SAMPLE
 from support.polling import wait_until
@@ -155,9 +155,7 @@ def test_killing_the_driver_mid_table_resumes_like_a_file_source(ray_address, da
         " (revised)")
     # What the first session wrote went to the model again only where it changed: one succeeded attempt
     # per batch, and the second session's batches held the rest, the inserted row and the revised one.
-    per_batch = query(database_url, "SELECT batch_id, count(*) FROM embedjob_batch_attempts"
-                      " WHERE outcome = 'succeeded' GROUP BY 1")
-    assert all(count == 1 for _, count in per_batch)
+    assert set(succeeded_attempts(database_url).values()) == {1}
     assert query(database_url, "SELECT sum(records) FROM embedjob_batches WHERE state = 'succeeded'")[0][0] == 642
     run = query(database_url, "SELECT run_id, state, records_embedded, records_new, records_changed,"
                 " records_unchanged, records_failed FROM embedjob_runs")

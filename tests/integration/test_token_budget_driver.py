@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from support.driver_crash import kill_driver_after
+from support.driver_crash import kill_driver_after, succeeded_attempts
 from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
 from support.sql import query
@@ -87,9 +87,8 @@ def test_a_crashed_budget_run_resumes_skipping_the_batches_it_wrote(ray_address,
     assert summary.state == "succeeded", summary.error
     # The same input formed the same batch ids: every committed batch was skipped, none redone.
     assert summary.batches_skipped == len(committed)
-    per_batch = query(database_url, "SELECT batch_id, count(*) FROM embedjob_batch_attempts"
-                      " WHERE outcome = 'succeeded' GROUP BY 1")
-    assert all(count == 1 for _, count in per_batch) and committed <= {b for b, _ in per_batch}
+    attempts = succeeded_attempts(database_url)
+    assert set(attempts.values()) == {1} and committed <= attempts.keys()
     valid = len(valid_records(source))
     assert query(database_url, "SELECT count(*), count(DISTINCT record_id) FROM embeddings")[0] == (valid, valid)
 

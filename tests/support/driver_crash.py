@@ -28,6 +28,22 @@ def succeeded_batches(url: str) -> int:
     return len(committed_batches(url))
 
 
+def succeeded_attempts(url: str) -> dict[str, int]:
+    """Each batch's succeeded attempts, by id (a batch written once has one)."""
+    return dict(query(url, "SELECT batch_id, count(*) FROM embedjob_batch_attempts WHERE outcome = 'succeeded'"
+                           " GROUP BY 1"))
+
+
+def assert_resumed_exactly(summary, committed: set[str], url: str, records: int, batches: int) -> None:
+    """A run resumed after a killed one finished: it skipped every batch the killed run committed, each of the
+    `batches` batches was written once, and each of the `records` records has one vector."""
+    assert summary.state == "succeeded", summary.error
+    assert summary.batches_skipped == len(committed)
+    assert query(url, "SELECT count(*), count(DISTINCT record_id) FROM embeddings")[0] == (records, records)
+    attempts = succeeded_attempts(url)
+    assert len(attempts) == batches and set(attempts.values()) == {1}, attempts
+
+
 def dispatched_batches(driver_log: str) -> set[str]:
     """The ids of the batches a driver dispatched, from its log (`event=batch_dispatched`)."""
     return set(re.findall(r"event=batch_dispatched batch=(\w+)", driver_log))

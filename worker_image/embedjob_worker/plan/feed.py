@@ -17,6 +17,7 @@ from embedjob_worker.core.records import BadRecord, RawRecord, Record, Span
 from embedjob_worker.plan.checks import IdRegistry, classify_records
 from embedjob_worker.core.outcome import DoneBatch
 from embedjob_worker.source.files import source_records
+from embedjob_worker.source.snapshot import InputSnapshot
 from embedjob_worker.core.tally import RunTally
 
 # Bad records are handed to the writer at least every this many, valid batches or not: a
@@ -38,6 +39,7 @@ class FeedPlan:
     budget: TokenBudget | None = None  # spec.batching.maxTokens: batches cut by padded tokens instead of by count
     # spec.chunking: each record cut into chunks, and batches hold whole records' chunks
     chunker: Callable[[list[str]], list[tuple[Span, ...]]] | None = None
+    files: tuple[InputSnapshot, ...] = ()  # a dataset's files as the run listed them (dataset.DatasetSnapshot)
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def batches_to_embed(plan: FeedPlan, skips: FeedSkips, tally: RunTally, metrics:
             bad.clear()
 
     batching, done_before, to_embed = plan.spec.batching, skips.done_before, skips.to_embed
-    raw = source_records(plan.spec.source, plan.uri, plan.source_database_url)
+    raw = source_records(plan.spec.source, plan.uri, plan.source_database_url, plan.files)
     total = 0
     try:
         for group in lookup_groups(make_batches(valid(raw), batching.batch_size, batching.sort_window, plan.key,

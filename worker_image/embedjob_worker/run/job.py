@@ -152,7 +152,7 @@ class JobRun:
                                       resolved.revision, self.target.salt)
                 batches = batches_to_embed(
                     FeedPlan(spec, started.uri, started.key, self.source_database_url, started.budget,
-                             started.chunker),
+                             started.chunker, started.files),
                     FeedSkips(self._id_registry(run), done_before,
                               IncrementalFeed(stored, run_batches, self.tally).to_embed),
                     self.tally, self.metrics, writer.put_bad_records)

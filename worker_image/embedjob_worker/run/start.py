@@ -16,6 +16,7 @@ from embedjob_worker.plan.batching import TokenBudget, batch_key
 from embedjob_worker.plan.chunking import Chunker
 from embedjob_worker.sink.incremental import latest_run_succeeded
 from embedjob_worker.sink.runs import JobRuns, RunRequest, RunStart
+from embedjob_worker.source.dataset import DatasetSnapshot, dataset_snapshot, is_dataset
 from embedjob_worker.source.files import resolve_uri
 from embedjob_worker.source.snapshot import InputSnapshot, input_snapshot
 from embedjob_worker.source.table import table_snapshot, table_uri
@@ -31,6 +32,7 @@ class StartedRun:
     key: str  # batch ids derive from it: the input's and the config's fingerprints (batching.batch_key)
     budget: TokenBudget | None  # spec.batching.maxTokens
     chunker: Chunker | None  # spec.chunking
+    files: tuple[InputSnapshot, ...]  # a dataset's files as listed at the start (empty: one file, or a table)
 
 
 def migrate(database_url: str) -> None:
@@ -61,11 +63,12 @@ def start_run(config: JobConfig, runs: JobRuns, new_run: bool) -> StartedRun:
     new_run = new_run or (spec.source.table is not None and latest_run_succeeded(runs.engine, config.job_key))
     start = runs.start(RunRequest(resolved.name, resolved.revision, snapshot.fingerprint, config_fp, identity,
                                   snapshot.record()), new_run, config.how_to_start_anew)
-    return StartedRun(start, resolved, uri, batch_key(snapshot.fingerprint, config_fp), budget, chunker)
+    files = snapshot.files if isinstance(snapshot, DatasetSnapshot) else ()
+    return StartedRun(start, resolved, uri, batch_key(snapshot.fingerprint, config_fp), budget, chunker, files)
 
 
-def _resolve_inputs(config: JobConfig) -> tuple[ResolvedModel, str, InputSnapshot]:
-    """Model revision, the input's location and its snapshot (fingerprint)."""
+def _resolve_inputs(config: JobConfig) -> tuple[ResolvedModel, str, InputSnapshot | DatasetSnapshot]:
+    """Model revision, the input's location and its snapshot (fingerprint): a dataset's lists its files."""
     spec = config.spec
     table = spec.source.table
     uri = table_uri(table) if table else resolve_uri(spec.source.uri, config.base_dir)
@@ -74,7 +77,9 @@ def _resolve_inputs(config: JobConfig) -> tuple[ResolvedModel, str, InputSnapsho
     except (OSError, ValueError) as exc:
         raise JobFailed("ModelUnavailable", f"spec.model: {exc}") from None
     try:
-        return resolved, uri, table_snapshot(table) if table else input_snapshot(uri)
+        if table:
+            return resolved, uri, table_snapshot(table)
+        return resolved, uri, dataset_snapshot(uri, spec.source.format) if is_dataset(uri) else input_snapshot(uri)
     except (OSError, ValueError) as exc:
         # An object store's refusal says no more than "Forbidden": say where to look.
         hint = ("; the store refused this job's credentials or their access to the object (docs/sources.md "

@@ -20,6 +20,7 @@ from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.logs import mask_secrets
 from embedjob_worker.core.outcome import ADDED_COUNTERS, KEPT_ON_RESUME, CounterUpdate, DoneBatch
 from embedjob_worker.sink.target import SinkTarget
+from embedjob_worker.source.dataset import dataset_changes
 from embedjob_worker.source.snapshot import describe_input
 
 # Runs that ended before embedding anything; a later start compares against the run before them.
@@ -181,8 +182,10 @@ def _refusal(latest: sa.Row, request: RunRequest, how_to_start_anew: str) -> str
     """Why a re-run may not resume run `latest`: the input's content changed, or the named config fields did."""
     changes = []
     if latest.input_fingerprint != request.input_fingerprint:
+        files = (f" (files {dataset_changes(latest.input, request.input_record)})"
+                 if "files" in (latest.input or {}) and "files" in (request.input_record or {}) else "")
         changes.append(f"the input changed from {describe_input(latest.input)} to "
-                       f"{describe_input(request.input_record)}")
+                       f"{describe_input(request.input_record)}{files}")
     if latest.config_fingerprint != request.config_fingerprint:
         changes += (identity_changes(latest.identity, request.identity) if latest.identity and request.identity else
                     ["the batching/model/sink config changed (the fields are not recorded for that run)"])

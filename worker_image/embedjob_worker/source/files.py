@@ -14,7 +14,7 @@ import csv
 import io
 import json
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -24,8 +24,11 @@ from fsspec.spec import AbstractBufferedFile
 
 from embedjob.api import Source
 
+from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.records import MAX_RECORD_BYTES, BadReason, RawRecord
 from embedjob_worker.source.csv_records import SkippedCsvRecord, csv_records
+from embedjob_worker.source.dataset import changed_since, dataset_files, is_dataset
+from embedjob_worker.source.snapshot import InputSnapshot
 
 _PARQUET_BATCH_ROWS = 4096
 _BOM = "\ufeff"
@@ -79,25 +82,52 @@ def resolve_uri(uri: str, base_dir: Path | None) -> str:
     """A relative local path resolves against base_dir; URLs and absolute paths stay."""
     if "://" in uri or base_dir is None or Path(uri).is_absolute():
         return uri
-    return str((base_dir / uri).resolve())
+    # resolve() drops a prefix's trailing slash, which makes it a dataset (dataset.is_dataset)
+    return str((base_dir / uri).resolve()) + ("/" if uri.endswith("/") else "")
 
 
-def source_records(source: Source, uri: str, database_url: str | None) -> Iterator[RawRecord]:
-    """The records of spec.source: its file at `uri`, or its table (read from `database_url`)."""
+def source_records(source: Source, uri: str, database_url: str | None,
+                   files: Sequence[InputSnapshot] = ()) -> Iterator[RawRecord]:
+    """The records of spec.source: its file at `uri`, the `files` of its dataset (dataset.DatasetSnapshot), or
+    its table (read from `database_url`)."""
     if source.table is not None:
         from embedjob_worker.source.table import read_table_records  # psycopg: only table sources need it
 
         return read_table_records(database_url, source.table)
+    if files:
+        return read_dataset(files, source.format, source.id_field, source.text_field)
     return read_records(uri, source.format, source.id_field, source.text_field)
 
 
-def read_records(uri: str, fmt: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
+def read_records(uri: str, fmt: str, id_field: str, text_field: str, first: int = 0) -> Iterator[RawRecord]:
+    """The records of one file, numbered from position `first`."""
     readers = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}
-    return readers[fmt](uri, id_field, text_field)
+    return readers[fmt](uri, id_field, text_field, first)
+
+
+def read_dataset(files: Sequence[InputSnapshot], fmt: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
+    """The records of a dataset's files in their order, positions running on from file to file; JobFailed
+    (InputChanged) at a file that is no longer what the run's snapshot saw."""
+    first = 0
+    for part in files:
+        change = changed_since(part)
+        if change:
+            raise JobFailed("InputChanged", f"spec.source: {part.uri} changed after the run listed the dataset's files "
+                                            f"({change}); a run reads the files its start listed, as they were then")
+        try:
+            for record in read_records(part.uri, fmt, id_field, text_field, first):
+                first = record.position + 1
+                yield record
+        except (OSError, ValueError, KeyError) as exc:  # named by its file, not by the dataset's pattern
+            raise JobFailed("SourceUnreadable", f"reading {part.uri}: {type(exc).__name__}: {exc}") from None
 
 
 def count_records(uri: str, fmt: str) -> int | None:
-    """A cheap record count for progress bars: Parquet metadata, or newlines of a local file."""
+    """A cheap record count for progress bars: Parquet metadata, or newlines of a local file or dataset."""
+    if is_dataset(uri):
+        if "://" in uri and not uri.startswith("file://"):
+            return None
+        return sum(count_records(name, fmt) or 0 for name in dataset_files(uri, fmt)[1])
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
@@ -111,9 +141,9 @@ def count_records(uri: str, fmt: str) -> int | None:
     return lines - 1 if fmt == "csv" else lines
 
 
-def _read_jsonl(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
+def _read_jsonl(uri: str, id_field: str, text_field: str, first: int) -> Iterator[RawRecord]:
     with open_text_source(uri) as f:
-        position = 0
+        position = first
         lines = bounded_lines(f)
         while True:
             try:
@@ -145,7 +175,7 @@ def _jsonl_record(position: int, line: str, id_field: str, text_field: str) -> R
     return RawRecord(position, obj.get(id_field), obj.get(text_field))
 
 
-def _read_csv(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
+def _read_csv(uri: str, id_field: str, text_field: str, first: int) -> Iterator[RawRecord]:
     # A cell may be as large as a record may be (the csv module's default stops at 128 KiB).
     csv.field_size_limit(MAX_RECORD_BYTES)
     with open_text_source(uri) as raw:
@@ -162,7 +192,7 @@ def _read_csv(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
         header = _csv_row(header)
         if isinstance(header, SkippedCsvRecord):
             raise ValueError(f"the CSV header cannot be read: {header.detail}")
-        position = 0
+        position = first
         while True:
             try:
                 record = next(records, None)
@@ -194,12 +224,12 @@ def _csv_row(record: str | SkippedCsvRecord) -> list[str] | SkippedCsvRecord:
         return SkippedCsvRecord(BadReason.malformed_record, f"not a CSV row: {exc}")
 
 
-def _read_parquet(uri: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
+def _read_parquet(uri: str, id_field: str, text_field: str, first: int) -> Iterator[RawRecord]:
     import pyarrow.parquet as pq
 
     with fsspec.open(uri, "rb") as f:
         parquet = pq.ParquetFile(f)
-        position = 0
+        position = first
         for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[id_field, text_field]):
             ids = batch.column(id_field).to_pylist()
             texts = batch.column(text_field).to_pylist()

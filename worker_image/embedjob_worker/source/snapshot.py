@@ -60,7 +60,7 @@ def describe_input(recorded: dict[str, Any] | None) -> str:
     if not recorded:
         return "an input whose description was not recorded (a run written before migration 0006)"
     kind, _, stamp = str(recorded.get("content", "")).partition(":")
-    content = f"{kind} {stamp[:SHORT_HASH]}" if kind == "sha256" else f"{kind} {stamp}"
+    content = {"sha256": f"sha256 {stamp[:SHORT_HASH]}", "files": f"{stamp} files"}.get(kind, f"{kind} {stamp}")
     parts = [content, f"{recorded.get('size')} bytes"]
     if recorded.get("modified"):
         parts.append(f"modified {recorded['modified']}")
@@ -76,7 +76,8 @@ def store_content_stamp(uri: str, info: dict[str, Any]) -> str:
     return f"uri:{uri}"
 
 
-def _modified(info: dict[str, Any]) -> str | None:
+def modified_at(info: dict[str, Any]) -> str | None:
+    """When the store says the object was last written, ISO 8601 UTC to the second."""
     for key in _MODIFIED_KEYS:
         value = info.get(key)
         if isinstance(value, (int, float)):  # seconds since the epoch (local files)
@@ -99,6 +100,10 @@ def _sha256_of(fs: fsspec.AbstractFileSystem, path: str) -> str:
 def input_snapshot(uri: str) -> InputSnapshot:
     """The snapshot of the input at `uri` (a local path, file:// or an fsspec URL); OSError if it is missing."""
     fs, path = fsspec.core.url_to_fs(uri)
-    info = fs.info(path)
+    return file_snapshot(fs, path, fs.info(path), uri)
+
+
+def file_snapshot(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any], uri: str) -> InputSnapshot:
+    """The snapshot of the file at `path` of `fs` (its `info`, as `fs.info` or a listing gives it), named `uri`."""
     content = f"sha256:{_sha256_of(fs, path)}" if isinstance(fs, LocalFileSystem) else store_content_stamp(uri, info)
-    return InputSnapshot(uri=uri, size=info.get("size"), modified=_modified(info), content=content)
+    return InputSnapshot(uri=uri, size=info.get("size"), modified=modified_at(info), content=content)

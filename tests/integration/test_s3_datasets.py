@@ -1,0 +1,124 @@
+"""A dataset of many objects in S3 (issue 28, second part): a prefix or a glob over parts on a real S3 API server (moto's,
+with IAM authentication on), read in key order, resumed after a kill, and refused by file when parts change."""
+
+from __future__ import annotations
+
+import pytest
+
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.run.job import run_job
+from embedjob_worker.source.dataset import dataset_snapshot
+from embedjob_worker.source.files import read_dataset
+from support.driver_crash import assert_resumed_exactly, kill_driver_after
+from support.driver_jobs import manifest
+from support.object_files import corpus_records, encoded
+from support.sql import query
+
+pytestmark = pytest.mark.slow
+
+PARTS = 20
+
+
+def upload_parts(server, bucket: str, records: list[dict], prefix: str = "corpus/") -> list[str]:
+    """The records cut into PARTS objects, every third one gzipped, beside a _SUCCESS marker; their keys."""
+    client, keys = server.client(), []
+    size = len(records) // PARTS
+    for n in range(PARTS):
+        fmt = "jsonl.gz" if n % 3 == 0 else "jsonl"
+        keys.append(f"{prefix}part-{n:05d}.{fmt}")
+        client.put_object(Bucket=bucket, Key=keys[-1], Body=encoded(records[n * size:(n + 1) * size], fmt))
+    client.put_object(Bucket=bucket, Key=f"{prefix}_SUCCESS", Body=b"")
+    return keys
+
+
+def dataset_job(uri: str, name: str, **options) -> JobConfig:
+    spec = manifest(uri, name, **options)
+    return JobConfig.from_manifest(spec)
+
+
+def test_a_prefix_is_embedded_once_per_record_in_key_order_and_changed_parts_are_named(
+        s3_env, ray_address, database_url):
+    server, bucket = s3_env
+    records = corpus_records(200, start=6000)
+    keys = upload_parts(server, bucket, records)
+    uri = f"s3://{bucket}/corpus/"
+    snapshot = dataset_snapshot(uri, "jsonl")
+    assert snapshot.keys == tuple(key.removeprefix("corpus/") for key in keys)
+    assert all(part.content.startswith("ETag:") for part in snapshot.files)
+    read = list(read_dataset(snapshot.files, "jsonl", "id", "text"))
+    assert [(r.position, r.id) for r in read] == [(n, r["id"]) for n, r in enumerate(records)]
+
+    job = dataset_job(uri, "prefix", batch_size=16)
+    summary = run_job(job, database_url)
+    assert summary.state == "succeeded", summary.error
+    assert summary.counters.records_embedded == 200
+    assert query(database_url, "SELECT count(*), count(DISTINCT record_id) FROM embeddings")[0] == (200, 200)
+    again = run_job(job, database_url)  # the same objects: every batch was already written
+    assert again.state == "succeeded" and again.batches_skipped == summary.counters.batches_total
+    assert query(database_url, "SELECT count(*) FROM embedjob_batch_attempts")[0][0] == summary.counters.batches_total
+
+    client = server.client()
+    client.put_object(Bucket=bucket, Key=keys[4], Body=encoded(corpus_records(10, start=7000), "jsonl"))
+    client.delete_object(Bucket=bucket, Key=keys[7])
+    client.put_object(Bucket=bucket, Key="corpus/part-00020.jsonl", Body=encoded(corpus_records(3), "jsonl"))
+    refused = run_job(job, database_url)
+    assert (refused.state, refused.reason) == ("failed", "InputChanged"), refused
+    print(refused.error)
+    assert f"the input changed from {uri} (20 files, " in refused.error
+    assert ("(files changed: part-00004.jsonl; gone: part-00007.jsonl; new: part-00020.jsonl)"
+            in refused.error), refused.error
+
+
+def test_a_part_replaced_after_the_listing_stops_the_read_naming_it(s3_env):
+    server, bucket = s3_env
+    keys = upload_parts(server, bucket, corpus_records(40))
+    snapshot = dataset_snapshot(f"s3://{bucket}/corpus/part-*.jsonl*", "jsonl")
+    assert len(snapshot.files) == PARTS
+    server.client().put_object(Bucket=bucket, Key=keys[5], Body=encoded(corpus_records(2, start=100), "jsonl"))
+    read = read_dataset(snapshot.files, "jsonl", "id", "text")
+    with pytest.raises(JobFailed) as failure:
+        list(read)
+    assert failure.value.reason == "InputChanged"
+    print(failure.value)
+    assert f"s3://{bucket}/{keys[5]} changed after the run listed the dataset's files (it was ETag:" in str(failure.value)
+
+
+def test_a_parquet_glob_reads_only_its_columns_and_nothing_matched_is_source_unavailable(
+        s3_env, ray_address, database_url):
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    server, bucket = s3_env
+    records = corpus_records(30, start=6500)
+    for n in range(3):
+        part = records[n * 10:(n + 1) * 10]
+        sink = io.BytesIO()
+        # a wide column the job never reads; projection leaves it in the store
+        pq.write_table(pa.table({"id": [r["id"] for r in part], "text": [r["text"] for r in part],
+                                 "blob": [b"\0" * 100_000] * len(part)}), sink)
+        server.client().put_object(Bucket=bucket, Key=f"pq/day={n}/part-0.parquet", Body=sink.getvalue())
+    snapshot = dataset_snapshot(f"s3://{bucket}/pq/**/*.parquet", "parquet")
+    assert snapshot.keys == ("day=0/part-0.parquet", "day=1/part-0.parquet", "day=2/part-0.parquet")
+    read = list(read_dataset(snapshot.files, "parquet", "id", "text"))
+    assert [(r.position, r.id, r.text) for r in read] == [(n, r["id"], r["text"]) for n, r in enumerate(records)]
+
+    spec = manifest(f"s3://{bucket}/pq/**/*.jsonl", "nomatch")
+    summary = run_job(JobConfig.from_manifest(spec), database_url)
+    assert (summary.state, summary.reason) == ("failed", "SourceUnavailable")
+    assert summary.error == (f"spec.source s3://{bucket}/pq/**/*.jsonl: FileNotFoundError: "
+                             "no file matches the pattern")
+
+
+def test_killing_the_driver_mid_dataset_resumes_skipping_what_it_wrote(s3_env, ray_address, database_url, tmp_path):
+    server, bucket = s3_env
+    records = corpus_records(320, start=6200)
+    upload_parts(server, bucket, records)
+    spec = manifest(f"s3://{bucket}/corpus/", "killed", batch_size=16, max_in_flight=2)
+    committed, dispatched = kill_driver_after(spec, database_url, ray_address, tmp_path / "driver.log", batches=4)
+    assert committed <= dispatched and len(dispatched - committed) <= 2
+
+    assert_resumed_exactly(run_job(JobConfig.from_manifest(spec), database_url), committed, database_url,
+                           records=320, batches=20)

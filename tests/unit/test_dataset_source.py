@@ -1,0 +1,138 @@
+"""A source of many files (a prefix or a glob): its listing, order, snapshot, refusals, and its records read across files."""
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.core.records import RawRecord
+from embedjob_worker.source.dataset import (
+    dataset_changes, dataset_files, dataset_root, dataset_snapshot, is_dataset)
+from embedjob_worker.source.files import count_records, read_dataset, resolve_uri
+from embedjob_worker.source.snapshot import describe_input
+
+
+def jsonl(*ids: str) -> bytes:
+    return b"".join(json.dumps({"id": i, "text": f"text of {i}"}).encode() + b"\n" for i in ids)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A dataset folder as a Spark or Ray job leaves it: parts at two depths, one compressed, one empty,
+    with files of other kinds beside them."""
+    root = tmp_path / "corpus"
+    (root / "day=2" / "deep").mkdir(parents=True)
+    (root / "part-1.jsonl").write_bytes(jsonl("b1", "b2"))
+    (root / "part-0.jsonl.gz").write_bytes(gzip.compress(jsonl("a1")))
+    (root / "day=2" / "part-0.json").write_bytes(jsonl("c1", "c2"))
+    (root / "day=2" / "deep" / "part-9.ndjson").write_bytes(jsonl("d1"))
+    (root / "part-5.jsonl").write_bytes(b"")
+    (root / "_SUCCESS").write_bytes(b"")
+    (root / "notes.txt").write_text("not data")
+    (root / "part-3.csv").write_text("id,text\nx,y\n")
+    return root
+
+
+def ids(records: list[RawRecord]) -> list[tuple[int, str]]:
+    return [(r.position, r.id) for r in records]
+
+
+def test_prefixes_and_globs_name_datasets_and_one_file_stays_one():
+    for uri in ("s3://bucket/corpus/", "/data/corpus/", "gs://b/c/*.parquet", "/data/part-?.csv",
+                "az://c/p/[ab]*.jsonl", "s3://b/**/x.jsonl"):
+        assert is_dataset(uri), uri
+    for uri in ("s3://bucket/corpus/in.jsonl", "/data/in.jsonl", "file:///data/in.csv"):
+        assert not is_dataset(uri), uri
+    assert dataset_root("bucket/corpus", is_prefix=True) == "bucket/corpus"
+    assert dataset_root("bucket/corpus/day=*/part-?.jsonl", is_prefix=False) == "bucket/corpus"
+    assert dataset_root("bucket/*.jsonl", is_prefix=False) == "bucket"
+
+
+def test_a_prefix_reads_every_file_of_its_format_at_any_depth_in_lexical_order(corpus):
+    snapshot = dataset_snapshot(str(corpus) + "/", "jsonl")
+    assert snapshot.keys == ("day=2/deep/part-9.ndjson", "day=2/part-0.json", "part-0.jsonl.gz", "part-1.jsonl",
+                             "part-5.jsonl")
+    records = list(read_dataset(snapshot.files, "jsonl", "id", "text"))
+    # positions run on from file to file; the compressed part is decompressed; the empty one adds nothing
+    assert ids(records) == [(0, "d1"), (1, "c1"), (2, "c2"), (3, "a1"), (4, "b1"), (5, "b2")]
+    assert count_records(str(corpus) + "/", "jsonl") == 6
+    assert [f.uri for f in dataset_snapshot(str(corpus) + "/", "csv").files] == [str(corpus / "part-3.csv")]
+
+
+@pytest.mark.parametrize("pattern, expected", [
+    ("part-*.jsonl*", ["part-0.jsonl.gz", "part-1.jsonl", "part-5.jsonl"]),
+    ("part-?.jsonl", ["part-1.jsonl", "part-5.jsonl"]),
+    ("part-[01].*", ["part-0.jsonl.gz", "part-1.jsonl"]),
+    ("**/part-*.*json", ["day=2/deep/part-9.ndjson", "day=2/part-0.json"]),
+    ("day=*/part-0.json", ["day=2/part-0.json"]),
+])
+def test_a_glob_reads_the_files_it_matches_in_lexical_order(corpus, pattern, expected):
+    assert list(dataset_snapshot(f"{corpus}/{pattern}", "jsonl").keys) == expected
+
+
+def test_nothing_matched_is_an_error_naming_what_was_looked_for(corpus, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no file matches the pattern"):
+        dataset_files(f"{corpus}/*.parquet", "parquet")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"no file under the prefix whose name ends in \.parquet, \.pq"):
+        dataset_files(f"{tmp_path}/empty/", "parquet")
+
+
+def test_the_fingerprint_is_the_files_keys_sizes_and_bytes_wherever_they_lie(corpus, tmp_path):
+    before = dataset_snapshot(f"{corpus}/", "jsonl")
+    moved = shutil.copytree(corpus, tmp_path / "elsewhere" / "corpus")
+    assert dataset_snapshot(f"{moved}/", "jsonl").fingerprint == before.fingerprint
+    (corpus / "part-1.jsonl").write_bytes(jsonl("b1", "b3"))  # same size, other bytes
+    assert dataset_snapshot(f"{corpus}/", "jsonl").fingerprint != before.fingerprint
+    (corpus / "part-1.jsonl").write_bytes(jsonl("b1", "b2"))
+    (corpus / "part-1.jsonl").rename(corpus / "part-2.jsonl")  # same bytes under another key
+    assert dataset_snapshot(f"{corpus}/", "jsonl").fingerprint != before.fingerprint
+
+
+def test_a_refusal_names_the_files_that_changed_went_or_came(corpus):
+    before = dataset_snapshot(f"{corpus}/", "jsonl").record()
+    assert describe_input(before).startswith(f"{corpus}/ (5 files, ")
+    (corpus / "part-1.jsonl").write_bytes(jsonl("b1", "b3"))
+    (corpus / "part-0.jsonl.gz").unlink()
+    for n in range(7):
+        (corpus / f"new-{n}.jsonl").write_bytes(jsonl(f"n{n}"))
+    after = dataset_snapshot(f"{corpus}/", "jsonl").record()
+    assert dataset_changes(before, after) == ("changed: part-1.jsonl; gone: part-0.jsonl.gz; "
+                                              "new: new-0.jsonl, new-1.jsonl, new-2.jsonl, new-3.jsonl, new-4.jsonl "
+                                              "and 2 more")
+
+
+def test_a_file_changed_or_gone_after_the_listing_stops_the_run_naming_it(corpus):
+    snapshot = dataset_snapshot(f"{corpus}/", "jsonl")
+    (corpus / "part-1.jsonl").write_bytes(jsonl("b1", "b3"))
+    records = read_dataset(snapshot.files, "jsonl", "id", "text")
+    with pytest.raises(JobFailed) as failure:
+        list(records)
+    assert failure.value.reason == "InputChanged"
+    assert f"spec.source: {corpus}/part-1.jsonl changed after the run listed the dataset's files" in str(failure.value)
+
+    snapshot = dataset_snapshot(f"{corpus}/", "jsonl")
+    (corpus / "day=2" / "part-0.json").unlink()
+    with pytest.raises(JobFailed, match=r"day=2/part-0.json changed after the run listed .*\(it is gone\)"):
+        list(read_dataset(snapshot.files, "jsonl", "id", "text"))
+
+
+def test_an_unreadable_file_is_named_by_itself_not_by_the_pattern(tmp_path):
+    (tmp_path / "a.csv").write_text("id,text\n1,one\n")
+    (tmp_path / "b.csv").write_bytes(b"")
+    pq.write_table(pa.table({"id": ["x"], "body": ["no text column"]}), tmp_path / "c.parquet")
+    pq.write_table(pa.table({"id": ["p"], "text": ["fine"], "extra": [b"\xff" * 10]}), tmp_path / "d.parquet")
+    assert ids(list(read_dataset(dataset_snapshot(f"{tmp_path}/*.csv", "csv").files, "csv", "id", "text"))) == \
+        [(0, "1")]  # an empty CSV part has no header and no records
+    with pytest.raises(JobFailed) as failure:
+        list(read_dataset(dataset_snapshot(f"{tmp_path}/", "parquet").files, "parquet", "id", "text"))
+    assert failure.value.reason == "SourceUnreadable" and str(failure.value).startswith(f"reading {tmp_path}/c.parquet")
+
+
+def test_a_relative_prefix_keeps_its_slash():
+    assert resolve_uri("data/", Path("/jobs")) == "/jobs/data/" and is_dataset(resolve_uri("data/", Path("/jobs")))

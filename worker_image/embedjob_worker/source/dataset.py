@@ -1,0 +1,130 @@
+"""A source of many files: a prefix or a glob listed into its files in lexical order, and the dataset's snapshot.
+
+`spec.source.uri` names a dataset when it ends in `/` (every file under the prefix, at any
+depth, whose name ends in one of the format's extensions, compressed or not) or holds a glob
+character (`*`, `?`, `[`; `**` crosses `/`): every file the pattern matches. The files are
+read one after the other in lexical order of their keys (UTF-8 code point order, S3's listing
+order), with record positions running on across files, so the same files give the same
+batches and ids wherever they are listed from.
+
+The listing is the run's: the snapshot keeps each file's identity (snapshot.file_snapshot:
+the store's content stamp from the listing itself, one request per thousand objects on S3,
+or a local file's sha256), the fingerprint covers the files' keys under the dataset's root,
+sizes and content, and a file is checked against its snapshot when its turn to be read comes
+(`changed_since`), so a file replaced after the listing is not read as if it were the one
+fingerprinted. (One replaced while it is being read: s3fs's ranged reads carry the ETag the
+file was opened with, If-Match, so S3 refuses them.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.utils import compressions
+
+from embedjob_worker.source.snapshot import InputSnapshot, file_snapshot
+
+GLOB_CHARACTERS = "*?["
+# What a file of each format is called under a prefix (a glob takes whatever it matches).
+FORMAT_EXTENSIONS = {"jsonl": (".jsonl", ".json", ".ndjson"), "csv": (".csv",), "parquet": (".parquet", ".pq")}
+# How many files a refusal names of each kind (changed, gone, new) before it counts the rest.
+NAMED_FILES = 5
+
+
+def is_dataset(uri: str) -> bool:
+    """Whether `uri` names many files (a prefix or a glob) rather than one."""
+    return uri.endswith("/") or any(c in uri for c in GLOB_CHARACTERS)
+
+
+@dataclass(frozen=True)
+class DatasetSnapshot:
+    """The files of a dataset as the run listed them, in the order they are read."""
+
+    uri: str  # the prefix or glob, as the spec has it (resolved against the manifest's folder)
+    keys: tuple[str, ...]  # each file's key under the dataset's root (what the fingerprint names)
+    files: tuple[InputSnapshot, ...]
+
+    @property
+    def fingerprint(self) -> str:
+        """The same files (keys under the root, sizes, content) give the same fingerprint wherever they lie."""
+        listed = [[key, part.size, part.content] for key, part in zip(self.keys, self.files)]
+        return hashlib.sha256(json.dumps({"files": listed}).encode()).hexdigest()
+
+    def record(self) -> dict[str, Any]:
+        """What the run row keeps (embedjob_runs.input): the dataset and each file, for refusals that name files."""
+        return {"uri": self.uri, "size": sum(part.size or 0 for part in self.files), "modified": None,
+                "content": f"files:{len(self.files)}",
+                "files": [[key, part.size, part.content, part.modified] for key, part in zip(self.keys, self.files)]}
+
+
+def dataset_root(path: str, is_prefix: bool) -> str:
+    """The folder a dataset's keys are relative to: the prefix itself, or a glob's folder before its first
+    glob character."""
+    if is_prefix:
+        return path.rstrip("/")
+    first = min(path.index(c) for c in GLOB_CHARACTERS if c in path)
+    return path[:path.rfind("/", 0, first) + 1].rstrip("/")
+
+
+def _has_format_extension(path: str, fmt: str) -> bool:
+    stem = path.lower()
+    for extension in compressions:
+        stem = stem.removesuffix(f".{extension}")
+    return stem.endswith(FORMAT_EXTENSIONS[fmt])
+
+
+def dataset_files(uri: str, fmt: str) -> tuple[fsspec.AbstractFileSystem, list[str], list[dict[str, Any]]]:
+    """The dataset's filesystem, its files' paths in lexical order and their listed `info`; FileNotFoundError
+    naming the pattern when nothing matches."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    if uri.endswith("/"):
+        listed = {name: info for name, info in fs.find(path, detail=True).items() if _has_format_extension(name, fmt)}
+    else:
+        listed = fs.glob(path, detail=True)
+    files = sorted(((name, info) for name, info in listed.items() if info.get("type") == "file"), key=lambda f: f[0])
+    if not files:
+        raise FileNotFoundError(f"no file under the prefix whose name ends in {', '.join(FORMAT_EXTENSIONS[fmt])}"
+                                " (compressed or not)" if uri.endswith("/") else "no file matches the pattern")
+    return fs, [name for name, _ in files], [info for _, info in files]
+
+
+def dataset_snapshot(uri: str, fmt: str) -> DatasetSnapshot:
+    """List the dataset at `uri` (a prefix or glob) and snapshot its files."""
+    fs, names, infos = dataset_files(uri, fmt)
+    root = dataset_root(fsspec.core.url_to_fs(uri)[1], uri.endswith("/"))
+    local = isinstance(fs, LocalFileSystem)
+    files = tuple(file_snapshot(fs, name, info, name if local else fs.unstrip_protocol(name))
+                  for name, info in zip(names, infos))
+    return DatasetSnapshot(uri=uri, keys=tuple(name[len(root):].lstrip("/") for name in names), files=files)
+
+
+def changed_since(part: InputSnapshot) -> str | None:
+    """What changed in a file since its snapshot (None: nothing), by the same identity the snapshot took: the
+    store's content stamp, or a local file's sha256 (its bytes read once more: about a second per GB)."""
+    fs, path = fsspec.core.url_to_fs(part.uri)
+    try:
+        now = file_snapshot(fs, path, fs.info(path), part.uri)
+    except FileNotFoundError:
+        return "it is gone"
+    if (now.size, now.content) != (part.size, part.content):
+        return f"it was {part.content}, {part.size} bytes; now {now.content}, {now.size} bytes"
+    return None
+
+
+def dataset_changes(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """The files that changed, went or came between two recorded datasets (DatasetSnapshot.record), named."""
+    before = {key: (size, content) for key, size, content, _ in old.get("files", [])}
+    after = {key: (size, content) for key, size, content, _ in new.get("files", [])}
+    kinds = (("changed", sorted(k for k in before.keys() & after.keys() if before[k] != after[k])),
+             ("gone", sorted(before.keys() - after.keys())), ("new", sorted(after.keys() - before.keys())))
+    said = []
+    for kind, keys in kinds:
+        if keys:
+            more = f" and {len(keys) - NAMED_FILES} more" if len(keys) > NAMED_FILES else ""
+            said.append(f"{kind}: {', '.join(keys[:NAMED_FILES])}{more}")
+    return "; ".join(said)
