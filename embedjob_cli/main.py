@@ -24,7 +24,7 @@ from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, ExitCod
 from embedjob_worker.core.config import JobConfig  # noqa: E402
 from embedjob_worker.driver import unreachable_exit_code  # noqa: E402
 from embedjob_worker.core.errors import JobFailed, Unreachable  # noqa: E402
-from embedjob_cli import job_logs, render  # noqa: E402
+from embedjob_cli import job_logs, model_revision, render  # noqa: E402
 from embedjob_worker.core.logs import configure_logging, mask_secrets, mask_url  # noqa: E402
 from embedjob_cli.search import DEFAULT_EF_SEARCH, MAX_EF_SEARCH, nearest  # noqa: E402
 from embedjob_worker.sink.target import SinkTarget  # noqa: E402
@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
                         f"default {DEFAULT_EF_SEARCH} or k if more): higher finds more true neighbours, slower")
     job_logs.add_command(commands)
     render.add_command(commands)
+    model_revision.add_command(commands)
     return parser
 
 
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         return job_logs.run(args)
     if args.command == render.COMMAND:
         return render.run(args)
+    if args.command == model_revision.COMMAND:
+        return model_revision.run(args)
     try:
         config = _with_index(JobConfig.from_file(args.manifest), getattr(args, "index", None))
         if getattr(args, "max_tokens", None) is not None:

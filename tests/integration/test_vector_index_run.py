@@ -9,7 +9,7 @@ from support.cli import EMBEDJOB, manifest as cli_manifest, run
 from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
 from support.manifests import merged
-from support.sql import query
+from support.sql import query, stored_vectors
 from embedjob import db
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.run.job import run_job
@@ -19,13 +19,6 @@ from embedjob_worker.sink.vector_index import INNER_PRODUCT
 
 pytestmark = pytest.mark.slow
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-def stored_vectors(url: str, collection: str) -> tuple[list[str], np.ndarray, str]:
-    rows = query(url, "SELECT record_id, embedding::text AS e, revision FROM embeddings WHERE collection = :c"
-                      " ORDER BY record_id", c=collection)
-    vectors = np.array([[float(x) for x in r.e.strip("[]").split(",")] for r in rows], dtype=np.float32)
-    return [r.record_id for r in rows], vectors, rows[0].revision
 
 
 def test_a_run_builds_the_index_once_and_search_through_it_finds_the_exact_neighbours(ray_address, database_url,

@@ -93,13 +93,26 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     os._exit(_session_exit_status)
 
 
-@pytest.fixture(scope="module")
-def ray_address():
+@contextmanager
+def ray_in_this_process(env: dict[str, str] | None = None) -> Iterator[str]:
+    """Ray in this test process (2 CPUs, no dashboard) started with `env` added to os.environ, which its
+    worker processes (the actors) inherit, as a Ray pod's do its environment; yields its GCS address."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in (env or {}).items():
+            patch.setenv(name, value)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        try:
+            yield ray.get_runtime_context().gcs_address
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    with ray_in_this_process() as address:
+        yield address
 
 
 @pytest.fixture(scope="session")

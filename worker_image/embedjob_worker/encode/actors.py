@@ -13,7 +13,7 @@ import numpy as np
 from embedjob_worker.core.vector_range import largest_components
 from embedjob_worker.core.worker_reports import EmbedResult, WorkerInfo
 from embedjob_worker.encode.exported import ExportedModel, materialize
-from embedjob_worker.encode.model import ResolvedModel, load_model, loaded_revision
+from embedjob_worker.encode.model import ResolvedModel, load_model, loaded_revision, on_this_node
 
 
 class EmbeddingWorker:
@@ -36,6 +36,7 @@ class EmbeddingWorker:
         threads = max(1, int(round(num_cpus)))
         torch.set_num_threads(threads)
         started = time.monotonic()
+        resolved = on_this_node(resolved)  # a model from storage: fetched once per node (model_store)
         # `exported`: the driver's one export of an onnx/openvino model (embedjob_worker.encode.exported).
         exported_dir = materialize(exported) if exported is not None else None
         self.model = load_model(resolved, "cuda" if num_gpus > 0 else "cpu", exported_dir, threads)

@@ -1,9 +1,10 @@
 """Resolving and loading the sentence-transformers model of a job.
 
-A model is pinned one of three ways: a hub name + revision (commit), a directory
-(`path`, e.g. baked into the worker image) or a Python distribution that ships the
-files (`package`). For the last two the recorded revision is a hash of the weights, so
-two actors with different files can never silently write under the same revision.
+A model is pinned one of four ways: a hub name + revision (commit), a directory
+(`path`, e.g. baked into the worker image), a Python distribution that ships the
+files (`package`), or a directory in storage (`uri` + the revision its weights hash to:
+embedjob_worker.encode.model_store). For the last three the recorded revision is a hash of
+the weights, so two actors with different files can never silently write under the same revision.
 
 The revision recorded with every vector also names the backend and precision that
 produced it (`tagged_revision`), so vectors of an int8 OpenVINO model never overwrite or
@@ -13,7 +14,7 @@ exported once per job (`embedjob_worker.encode.exported`) and loaded from that e
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +23,10 @@ from embedjob.api import Model, ModelBackend, ModelPrecision
 from embedjob.db import runs
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.worker_reports import EmbedResult, WorkerInfo
+from embedjob_worker.encode.model_store import fetch_model, weights_revision
 
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".onnx")
 # A directory holding a sentence-transformers model has one of these.
 _MODEL_MARKERS = ("modules.json", "config_sentence_transformers.json")
-REVISION_HEX_CHARS = 16
 # The revision columns (of the run rows and the vectors table) hold at most this many characters.
 REVISION_MAX_CHARS = runs.c.revision.type.length
 # A spec revision never contains "+" (its pattern), so the tag cannot be mistaken for one.
@@ -46,6 +46,7 @@ class ResolvedModel:
     max_seq_length: int | None
     backend: str = ModelBackend.torch.value
     precision: str = ModelPrecision.float32.value
+    uri: str | None = None  # a model from storage (spec.model.uri): `location` is where this node keeps it
 
     @property
     def exported(self) -> bool:
@@ -96,31 +97,29 @@ def package_model_dir(distribution: str) -> Path:
     return min(candidates, key=lambda p: len(p.parts))
 
 
-def weights_revision(directory: str | Path) -> str:
-    """sha256 over the weight files (relative name + content), truncated: the path/package revision."""
-    directory = Path(directory)
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
-    if not files:
-        raise FileNotFoundError(f"no weight files ({', '.join(_WEIGHT_SUFFIXES)}) under {directory}")
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(str(path.relative_to(directory)).encode() + b"\x00")
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-    return digest.hexdigest()[:REVISION_HEX_CHARS]
-
-
 def resolve_model(model: Model) -> ResolvedModel:
-    """Where to load the model from and which revision its vectors are recorded under."""
+    """Where to load the model from and which revision its vectors are recorded under. A model from storage
+    (`uri`) is fetched into this node's cache and verified here, so that a wrong one stops the job at its start."""
     if model.path or model.package:
         directory = Path(model.path) if model.path else package_model_dir(model.package)
         location, revision, hub_revision = str(directory), weights_revision(directory), None
+    elif model.uri:
+        location, revision, hub_revision = str(fetch_model(model.uri, model.revision)), model.revision, None
     else:
         location, revision, hub_revision = model.name, model.revision, model.revision
     check_backend_installed(model.backend)
     return ResolvedModel(model.name, tagged_revision(revision, model.backend, model.precision), location,
-                         hub_revision, model.normalize, model.max_seq_length, model.backend, model.precision)
+                         hub_revision, model.normalize, model.max_seq_length, model.backend, model.precision,
+                         model.uri)
+
+
+def on_this_node(resolved: ResolvedModel) -> ResolvedModel:
+    """`resolved` with its files on this node: a model from storage fetched into (or found in) this node's
+    cache, verified; any other as it is."""
+    if resolved.uri is None:
+        return resolved
+    weights = resolved.revision.split(BACKEND_TAG_SEPARATOR)[0]
+    return dataclasses.replace(resolved, location=str(fetch_model(resolved.uri, weights)))
 
 
 def loaded_revision(resolved: ResolvedModel) -> str:
