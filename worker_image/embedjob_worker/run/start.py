@@ -19,6 +19,7 @@ from embedjob_worker.sink.runs import JobRuns, RunRequest, RunStart
 from embedjob_worker.source.files import resolve_uri
 from embedjob_worker.source.snapshot import InputSnapshot, input_snapshot
 from embedjob_worker.source.table import table_snapshot, table_uri
+from embedjob_worker.source.unavailable import in_a_store, source_unavailable
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,10 @@ def _resolve_inputs(config: JobConfig) -> tuple[ResolvedModel, str, InputSnapsho
         raise JobFailed("ModelUnavailable", f"spec.model: {exc}") from None
     try:
         return resolved, uri, table_snapshot(table) if table else input_snapshot(uri)
-    except (OSError, ValueError) as exc:
-        # An object store's refusal says no more than "Forbidden": say where to look.
-        hint = ("; the store refused this job's credentials or their access to the object (docs/sources.md "
-                "says which variables are read)") if isinstance(exc, PermissionError) and "://" in uri else ""
-        raise JobFailed("SourceUnavailable", f"spec.source {uri}: {type(exc).__name__}: {exc}{hint}") from None
+    except Exception as exc:  # noqa: BLE001 - a store's SDK raises its own errors too, not only OSError
+        if not isinstance(exc, (OSError, ValueError)) and not in_a_store(uri):
+            raise
+        raise source_unavailable(uri, exc) from None
 
 
 def _token_plan(config: JobConfig, resolved: ResolvedModel) -> tuple[TokenBudget | None, Chunker | None]:
