@@ -3,44 +3,16 @@
 
 from __future__ import annotations
 
-import csv
-import gzip
-import io
-import json
-
 import pytest
 import yaml
 
 from embedjob_worker.source.files import read_records
 from embedjob_worker.source.snapshot import input_snapshot
 from support.cli import EMBEDJOB, manifest, run
-from support.corpus import corpus_lines
+from support.object_files import corpus_records, encoded
 from support.sql import query
 
 pytestmark = pytest.mark.slow
-
-
-def corpus_records(count: int) -> list[dict]:
-    return [json.loads(line) for line in corpus_lines(0, count)]
-
-
-def encoded(records: list[dict], fmt: str) -> bytes:
-    """The records as a file of `fmt`: jsonl, jsonl.gz, csv or parquet."""
-    if fmt.startswith("jsonl"):
-        data = b"".join(json.dumps(r).encode() + b"\n" for r in records)
-        return gzip.compress(data) if fmt.endswith(".gz") else data
-    if fmt == "csv":
-        text = io.StringIO()
-        writer = csv.DictWriter(text, fieldnames=["id", "text"], extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(records)
-        return text.getvalue().encode()
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    sink = io.BytesIO()
-    pq.write_table(pa.table({"id": [r["id"] for r in records], "text": [r["text"] for r in records]}), sink)
-    return sink.getvalue()
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "csv", "parquet"])
