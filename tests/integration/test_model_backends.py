@@ -88,7 +88,7 @@ def test_a_job_with_backend_onnx_is_refused_naming_the_field_when_the_image_lack
     job.write_text(yaml.safe_dump(merged(manifest(str(source)), {"spec": {"model": {"backend": "onnx"}}})))
     result = run([*EMBEDJOB, "run", str(job), "--database-url", database_url])
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    assert "ModelUnavailable: spec.model: backend onnx needs " in result.stdout, result.stdout
+    assert "ModelUnavailable: spec.model: ValueError: backend onnx needs " in result.stdout, result.stdout
 
 
 def test_vectors_of_each_backend_and_precision_are_kept_apart(tmp_path, database_url, cache_env):

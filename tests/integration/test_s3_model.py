@@ -79,6 +79,6 @@ def test_a_model_whose_weights_are_not_its_revision_is_refused_naming_both(
     wrong = "0123456789abcdef"
     summary = run_job(model_job(tmp_path, uri, wrong, "wrongrev"), database_url)
     assert (summary.state, summary.reason) == ("failed", "ModelUnavailable")
-    assert summary.error == (f"spec.model: the weights at {uri} hash to revision {revision}, not spec.model.revision "
+    assert summary.error == (f"spec.model: ValueError: the weights at {uri} hash to revision {revision}, not spec.model.revision "
                              f"{wrong}: another model, or files changed since the revision was taken")
     assert not any(name.startswith(".") or name.endswith(wrong) for name in cached(cache))  # nothing kept

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import pytest
 
 from support.net import free_port
-from support.processes import spawn, stop, wait_for
+from support.paths import installed_by_tests_run
+from support.processes import serving
 
 REGION = "us-east-1"
 # The requests that run unauthenticated, in this order: create the user, its key, its policy.
@@ -57,11 +58,7 @@ def _client(service: str, endpoint: str, access_key: str, secret_key: str):
 
 def moto_python() -> str:
     """The interpreter of moto's own virtualenv (tests/run makes it)."""
-    python = os.environ.get("EMBEDJOB_TEST_MOTO_PYTHON")
-    if not python or not os.path.exists(python):
-        pytest.fail("the S3 tests need moto's server: run them through tests/run, which installs it and sets "
-                    "EMBEDJOB_TEST_MOTO_PYTHON")
-    return python
+    return installed_by_tests_run("EMBEDJOB_TEST_MOTO_PYTHON", "moto's S3 server")
 
 
 @pytest.fixture(scope="session")
@@ -70,19 +67,13 @@ def s3_server(tmp_path_factory):
     endpoint = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("s3") / "moto.log"
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_SETUP_REQUESTS), "MOTO_ALLOW_NONEXISTENT_REGION": "1"}
-    proc = spawn([moto_python(), "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], log, env=env)
-    try:
-        import socket
-
-        wait_for("moto's S3 server", lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() or True,
-                 timeout=60, proc=proc, log=log)
+    with serving("moto's S3 server", [moto_python(), "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                 port, log, env=env):
         iam = _client("iam", endpoint, "setup", "setup")  # among the unauthenticated first requests
         iam.create_user(UserName="embedjob-tests")
         key = iam.create_access_key(UserName="embedjob-tests")["AccessKey"]
         iam.put_user_policy(UserName="embedjob-tests", PolicyName="s3", PolicyDocument=json.dumps(_ALLOW_S3))
         yield S3Server(endpoint, key["AccessKeyId"], key["SecretAccessKey"])
-    finally:
-        stop(proc)
 
 
 @pytest.fixture

@@ -11,11 +11,14 @@ import atexit
 import ctypes
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -118,3 +121,16 @@ def http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
             return resp.status == 200
     except urllib.error.HTTPError:
         return False
+
+
+@contextmanager
+def serving(what: str, args: Sequence[str], port: int, log_path: Path, env: dict[str, str] | None = None,
+            timeout: float = 60) -> Iterator[subprocess.Popen]:
+    """`args` spawned (spawn) and waited for until it accepts connections on loopback `port`; stopped at the end."""
+    proc = spawn(args, log_path, env=env)
+    try:
+        wait_for(what, lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() or True,
+                 timeout=timeout, proc=proc, log=log_path)
+        yield proc
+    finally:
+        stop(proc)

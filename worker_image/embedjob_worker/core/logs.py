@@ -17,6 +17,8 @@ _PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]+:)[^/\s]*@")
 _PASSWORD_PARAM = re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^&\s]+)", re.IGNORECASE)
 # What configure_logging was told to keep secret: mask_secrets masks these in error texts too.
 _registered_secrets: list[str] = []
+# The object stores' filesystems and SDKs, whose loggers would otherwise print through logging's last resort.
+_STORE_LOGGERS = ("fsspec", "s3fs", "gcsfs", "adlfs", "azure")
 
 
 def mask_url(url: str) -> str:
@@ -115,17 +117,28 @@ class LineHandler(logging.Handler):
             self.handleError(record)
 
 
+class _WithoutTraceback(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
 def configure_logging(secrets: list[str], level: int = logging.INFO,
                       write: Callable[[str], None] | None = None) -> None:
-    """key=value lines with secrets masked, on stderr or through `write`."""
-    handler = LineHandler(write) if write else logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter())
-    handler.addFilter(SecretMaskingFilter(secrets))
+    """key=value lines with secrets masked, on stderr or through `write`: the driver's, and the warnings of the
+    object stores' libraries without their tracebacks (gcsfs logs one with every failed request; the error reaches
+    the driver, which reports it)."""
     _registered_secrets[:] = [secret for secret in secrets if secret]
-    root = logging.getLogger("embedjob_worker")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
+    for name, extra_filters, name_level in [("embedjob_worker", [], level)] + [
+            (store, [_WithoutTraceback()], logging.WARNING) for store in _STORE_LOGGERS]:
+        handler = LineHandler(write) if write else logging.StreamHandler(sys.stderr)
+        handler.setFormatter(KeyValueFormatter())
+        for log_filter in (*extra_filters, SecretMaskingFilter(secrets)):
+            handler.addFilter(log_filter)
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(name_level)
+        logger.propagate = False
 
 
 def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: object) -> None:

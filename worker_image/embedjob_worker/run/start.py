@@ -20,6 +20,7 @@ from embedjob_worker.source.dataset import DatasetSnapshot, dataset_snapshot, is
 from embedjob_worker.source.files import resolve_uri
 from embedjob_worker.source.snapshot import InputSnapshot, input_snapshot
 from embedjob_worker.source.table import table_snapshot, table_uri
+from embedjob_worker.source.unavailable import in_a_store, store_unavailable
 
 
 @dataclass(frozen=True)
@@ -74,17 +75,18 @@ def _resolve_inputs(config: JobConfig) -> tuple[ResolvedModel, str, InputSnapsho
     uri = table_uri(table) if table else resolve_uri(spec.source.uri, config.base_dir)
     try:
         resolved = resolve_model(spec.model)
-    except (OSError, ValueError) as exc:
-        raise JobFailed("ModelUnavailable", f"spec.model: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - as the source's below, for a model from storage (spec.model.uri)
+        if not isinstance(exc, (OSError, ValueError)) and not in_a_store(spec.model.uri or ""):
+            raise
+        raise store_unavailable("ModelUnavailable", "spec.model", spec.model.uri or "", exc) from None
     try:
         if table:
             return resolved, uri, table_snapshot(table)
         return resolved, uri, dataset_snapshot(uri, spec.source.format) if is_dataset(uri) else input_snapshot(uri)
-    except (OSError, ValueError) as exc:
-        # An object store's refusal says no more than "Forbidden": say where to look.
-        hint = ("; the store refused this job's credentials or their access to the object (docs/sources.md "
-                "says which variables are read)") if isinstance(exc, PermissionError) and "://" in uri else ""
-        raise JobFailed("SourceUnavailable", f"spec.source {uri}: {type(exc).__name__}: {exc}{hint}") from None
+    except Exception as exc:  # noqa: BLE001 - a store's SDK raises its own errors too, not only OSError
+        if not isinstance(exc, (OSError, ValueError)) and not in_a_store(uri):
+            raise
+        raise store_unavailable("SourceUnavailable", f"spec.source {uri}", uri, exc) from None
 
 
 def _token_plan(config: JobConfig, resolved: ResolvedModel) -> tuple[TokenBudget | None, Chunker | None]:

@@ -9,13 +9,14 @@ would come after batches were written under ids that claim the old content. The 
 sequential read costs about a second per GB, little next to embedding the same bytes.
 
 An object behind an fsspec URL is not downloaded twice: its store's content stamp is
-used (GCS `md5Hash`/`crc32c`, S3 and HTTP `ETag`), which a re-upload of the same bytes
+used (GCS `md5Hash`/`crc32c`, S3 and HTTP `ETag`, Azure's Content-MD5), which a re-upload of the same bytes
 keeps; a store with none falls back to the modification stamp (`LastModified`, `mtime`,
 ...), and one with neither to the URI and size.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -70,6 +71,9 @@ def describe_input(recorded: dict[str, Any] | None) -> str:
 def store_content_stamp(uri: str, info: dict[str, Any]) -> str:
     """The content stamp of a remote object from its fsspec `info`: a content hash if the store
     keeps one, else its modification stamp, else its URI."""
+    md5 = (info.get("content_settings") or {}).get("content_md5")  # Azure (adlfs): its ETag changes on every upload
+    if md5:
+        return f"content_md5:{base64.b64encode(bytes(md5)).decode()}"
     for key in (*_CONTENT_KEYS, *_VERSION_KEYS):
         if info.get(key) is not None:
             return f"{key}:{info[key]}"

@@ -1,0 +1,143 @@
+"""A job's input in Google Cloud Storage, Azure Blob Storage or on a web server (issue 28): an object read where it
+lives, from real servers on loopback (fake-gcs-server, Azurite, Python's http.server), through the variables a user
+sets. S3's own tests are test_s3_source.py."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import yaml
+
+from embedjob_worker.source.files import read_records
+from embedjob_worker.source.snapshot import input_snapshot
+from embedjob_worker.source.unavailable import store_unavailable
+from support.cli import EMBEDJOB, manifest, run
+from support.object_files import corpus_records, encoded
+from support.sql import query
+
+pytestmark = pytest.mark.slow
+
+WRONG_SECRET = "wrong-secret-Kp2x9Qz"
+
+
+@dataclass(frozen=True)
+class Store:
+    """One store's bucket (container) of the test's own, as the tests use it."""
+
+    scheme: str
+    bucket: str
+    put: Callable[[str, bytes], None]  # key, bytes
+    wrong_credentials: Callable[[object], dict[str, str]]  # tmp_path -> the variables of a refused credential
+
+    def uri(self, key: str, bucket: str | None = None) -> str:
+        return f"{self.scheme}://{bucket or self.bucket}/{key}"
+
+
+def _google_user_credential(tmp_path) -> dict[str, str]:
+    # A user credential Google's token endpoint does not know (here: cannot reach) -> google-auth cannot refresh it
+    path = tmp_path / "adc.json"
+    path.write_text(json.dumps({"type": "authorized_user", "client_id": "embedjob-tests.apps.googleusercontent.com",
+                                "client_secret": WRONG_SECRET, "refresh_token": f"1//{WRONG_SECRET}"}))
+    return {"GOOGLE_APPLICATION_CREDENTIALS": str(path)}
+
+
+@pytest.fixture(params=["gs", "az"])
+def store(request) -> Store:
+    if request.param == "gs":
+        server, bucket = request.getfixturevalue("gcs_env")
+        return Store("gs", bucket, lambda key, data: server.put(bucket, key, data), _google_user_credential)
+    server, container = request.getfixturevalue("azure_env")
+    wrong_key = "V3JvbmdLZXk" + WRONG_SECRET + "A" * 59 + "=="  # well-formed base64, not the account's key
+    return Store("az", container, lambda key, data: server.put(container, key, data),
+                 lambda tmp_path: server.env(key=wrong_key))
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "csv", "parquet"])
+def test_an_object_in_a_store_reads_as_the_same_file_on_local_disk(store, tmp_path, fmt):
+    data = encoded(corpus_records(50), fmt)
+    local = tmp_path / f"in.{fmt}"
+    local.write_bytes(data)
+    store.put(f"corpus/in.{fmt}", data)
+    reader_format = fmt.removesuffix(".gz")
+    from_store = list(read_records(store.uri(f"corpus/in.{fmt}"), reader_format, "id", "text"))
+    assert from_store == list(read_records(str(local), reader_format, "id", "text")) and len(from_store) == 50
+
+
+def test_abfs_names_the_same_blob_as_az(azure_env):
+    server, container = azure_env
+    server.put(container, "in.jsonl", encoded(corpus_records(5), "jsonl"))
+    assert (list(read_records(f"abfs://{container}/in.jsonl", "jsonl", "id", "text"))
+            == list(read_records(f"az://{container}/in.jsonl", "jsonl", "id", "text")))
+
+
+def test_an_object_keeps_its_content_stamp_when_the_same_bytes_are_uploaded_again(store):
+    uri = store.uri("in.jsonl")
+    store.put("in.jsonl", encoded(corpus_records(10), "jsonl"))
+    first = input_snapshot(uri)
+    store.put("in.jsonl", encoded(corpus_records(10), "jsonl"))
+    again = input_snapshot(uri)
+    store.put("in.jsonl", encoded(corpus_records(11), "jsonl"))
+    changed = input_snapshot(uri)
+    assert first.content.split(":")[0] in {"md5Hash", "content_md5"}, first.content
+    assert first.fingerprint == again.fingerprint != changed.fingerprint
+
+
+def failure_line(uri: str, exc: Exception) -> str:
+    """The line the driver prints for a job whose input at `uri` failed to open with `exc` (run/start.py)."""
+    failure = store_unavailable("SourceUnavailable", f"spec.source {uri}", uri, exc)
+    return f"{failure.reason}: {failure}"
+
+
+def write_job(tmp_path, uri: str):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest(uri)))
+    return path
+
+
+def test_embedjob_run_embeds_an_object_in_a_store(store, tmp_path, database_url):
+    records = corpus_records(40)
+    store.put("peps/part-0.jsonl.gz", encoded(records, "jsonl.gz"))
+    result = run([*EMBEDJOB, "run", str(write_job(tmp_path, store.uri("peps/part-0.jsonl.gz"))),
+                  "--database-url", database_url])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "records embedded   40" in result.stdout
+    stored = query(database_url, "SELECT record_id FROM embeddings WHERE collection = 'cli'")
+    assert sorted(r.record_id for r in stored) == sorted(r["id"] for r in records)
+
+
+def test_embedjob_run_with_a_refused_credential_ends_source_unavailable_with_no_secret(store, tmp_path, database_url):
+    store.put("in.jsonl", encoded(corpus_records(5), "jsonl"))
+    uri = store.uri("in.jsonl")
+    result = run([*EMBEDJOB, "run", str(write_job(tmp_path, uri)), "--database-url", database_url],
+                 env=store.wrong_credentials(tmp_path))
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"SourceUnavailable: spec.source {uri}: " in result.stdout, output
+    assert "the store refused this job's credentials" in result.stdout, output
+    assert WRONG_SECRET not in output
+
+
+@pytest.mark.parametrize("case", ["missing object", "missing bucket"])
+def test_a_missing_object_or_bucket_is_source_unavailable_naming_the_url(store, case):
+    store.put("in.jsonl", encoded(corpus_records(5), "jsonl"))
+    uri = store.uri("nothing-here.jsonl") if case == "missing object" else store.uri("in.jsonl", "embedjob-no-such")
+    with pytest.raises(OSError) as raised:
+        input_snapshot(uri)
+    message = failure_line(uri, raised.value)
+    assert message.startswith(f"SourceUnavailable: spec.source {uri}: FileNotFoundError: "), message
+
+
+def test_a_jsonl_file_on_a_web_server_reads_and_a_missing_one_is_source_unavailable(http_files):
+    url, folder = http_files
+    records = corpus_records(30)
+    (folder / "in.jsonl").write_bytes(encoded(records, "jsonl"))
+    read = list(read_records(f"{url}/in.jsonl", "jsonl", "id", "text"))
+    assert [r.id for r in read] == [r["id"] for r in records] and input_snapshot(f"{url}/in.jsonl").size > 0
+    with pytest.raises(OSError) as raised:
+        input_snapshot(f"{url}/nothing-here.jsonl")
+    message = failure_line(f"{url}/nothing-here.jsonl", raised.value)
+    assert message.startswith(f"SourceUnavailable: spec.source {url}/nothing-here.jsonl: FileNotFoundError"), message
