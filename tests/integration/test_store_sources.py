@@ -11,7 +11,9 @@ from typing import Callable
 import pytest
 import yaml
 
-from embedjob_worker.source.files import read_records
+from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.source.dataset import dataset_snapshot
+from embedjob_worker.source.files import read_dataset, read_records
 from embedjob_worker.source.snapshot import input_snapshot
 from embedjob_worker.source.unavailable import store_unavailable
 from support.cli import EMBEDJOB, manifest, run
@@ -141,3 +143,21 @@ def test_a_jsonl_file_on_a_web_server_reads_and_a_missing_one_is_source_unavaila
         input_snapshot(f"{url}/nothing-here.jsonl")
     message = failure_line(f"{url}/nothing-here.jsonl", raised.value)
     assert message.startswith(f"SourceUnavailable: spec.source {url}/nothing-here.jsonl: FileNotFoundError"), message
+
+
+def test_a_prefix_and_a_glob_in_a_store_read_their_parts_in_key_order_and_a_replaced_part_is_named(store):
+    records = corpus_records(60, start=8000)
+    keys = [f"ds/day={n // 3}/part-{n:05d}.{'jsonl.gz' if n % 2 else 'jsonl'}" for n in range(6)]
+    for n, key in enumerate(keys):
+        store.put(key, encoded(records[n * 10:(n + 1) * 10], key.split(".", 1)[1]))
+    store.put("ds/_SUCCESS", b"")
+    snapshot = dataset_snapshot(store.uri("ds/"), "jsonl")
+    assert snapshot.keys == tuple(key.removeprefix("ds/") for key in keys)
+    read = list(read_dataset(snapshot.files, "jsonl", "id", "text"))
+    assert [(r.position, r.id) for r in read] == [(n, r["id"]) for n, r in enumerate(records)]
+    assert dataset_snapshot(store.uri("ds/**/*.jsonl.gz"), "jsonl").keys == tuple(
+        key.removeprefix("ds/") for key in keys[1::2])
+
+    store.put(keys[2], encoded(corpus_records(3), "jsonl"))
+    with pytest.raises(JobFailed, match=rf"spec.source: {store.uri(keys[2])} changed after the run listed"):
+        list(read_dataset(snapshot.files, "jsonl", "id", "text"))

@@ -93,13 +93,18 @@ def dataset_files(uri: str, fmt: str) -> tuple[fsspec.AbstractFileSystem, list[s
     return fs, [name for name, _ in files], [info for _, info in files]
 
 
+def _file_uri(fs: fsspec.AbstractFileSystem, dataset_uri: str, name: str) -> str:
+    """A listed file's URI in the dataset URI's own scheme (adlfs would name an az:// blob abfs://)."""
+    if isinstance(fs, LocalFileSystem) or "://" in name:
+        return name
+    return f"{dataset_uri.split('://', 1)[0]}://{name}"
+
+
 def dataset_snapshot(uri: str, fmt: str) -> DatasetSnapshot:
     """List the dataset at `uri` (a prefix or glob) and snapshot its files."""
     fs, names, infos = dataset_files(uri, fmt)
     root = dataset_root(fsspec.core.url_to_fs(uri)[1], uri.endswith("/"))
-    local = isinstance(fs, LocalFileSystem)
-    files = tuple(file_snapshot(fs, name, info, name if local else fs.unstrip_protocol(name))
-                  for name, info in zip(names, infos))
+    files = tuple(file_snapshot(fs, name, info, _file_uri(fs, uri, name)) for name, info in zip(names, infos))
     return DatasetSnapshot(uri=uri, keys=tuple(name[len(root):].lstrip("/") for name in names), files=files)
 
 
@@ -107,6 +112,7 @@ def changed_since(part: InputSnapshot) -> str | None:
     """What changed in a file since its snapshot (None: nothing), by the same identity the snapshot took: the
     store's content stamp, or a local file's sha256 (its bytes read once more: about a second per GB)."""
     fs, path = fsspec.core.url_to_fs(part.uri)
+    fs.invalidate_cache(path)  # gcsfs and adlfs answer `info` from the listing they cached: ask the store
     try:
         now = file_snapshot(fs, path, fs.info(path), part.uri)
     except FileNotFoundError:
