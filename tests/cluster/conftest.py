@@ -8,5 +8,5 @@ def pytest_configure(config):
     # a conftest below the rootdir may not set pytest_plugins: register this tier's plugins here
     for plugin in ("plugins.postgres", "plugins.ray_heads", "envtest.plugin", "envtest.realnode",
                    "plugins.operator_process", "plugins.standin", "plugins.pod_postgres",
-                   "plugins.harness_images"):
+                   "plugins.harness_images", "plugins.s3"):
         config.pluginmanager.import_plugin(plugin)

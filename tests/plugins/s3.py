@@ -7,6 +7,7 @@ tests talk to it with botocore, which s3fs brings.
 `s3_server` starts one per session, with IAM authentication on: the first requests (an IAM
 user, its access key and a policy that allows it S3) go in without credentials, as moto's
 INITIAL_NO_AUTH_ACTION_COUNT allows; every request after them must be signed with that key.
+`pod_s3_server` is a second one on the test node's bridge address, for pods (the cluster tier).
 `s3_env` puts the standard AWS variables for it into the test's environment (so the driver in
 this process and the CLI in a child read them as a user's would) and gives a botocore client for
 the test's own uploads. Each test gets a bucket of its own.
@@ -17,7 +18,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -61,19 +65,32 @@ def moto_python() -> str:
     return installed_by_tests_run("EMBEDJOB_TEST_MOTO_PYTHON", "moto's S3 server")
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
+@contextmanager
+def _moto(host: str, log: Path) -> Iterator[S3Server]:
+    """moto's S3 server on `host`, with IAM authentication on and a user allowed all of S3."""
     port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    log = tmp_path_factory.mktemp("s3") / "moto.log"
+    endpoint = f"http://{host}:{port}"
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(_SETUP_REQUESTS), "MOTO_ALLOW_NONEXISTENT_REGION": "1"}
-    with serving("moto's S3 server", [moto_python(), "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                 port, log, env=env):
+    with serving("moto's S3 server", [moto_python(), "-m", "moto.server", "-H", host, "-p", str(port)],
+                 port, log, env=env, host=host):
         iam = _client("iam", endpoint, "setup", "setup")  # among the unauthenticated first requests
         iam.create_user(UserName="embedjob-tests")
         key = iam.create_access_key(UserName="embedjob-tests")["AccessKey"]
         iam.put_user_policy(UserName="embedjob-tests", PolicyName="s3", PolicyDocument=json.dumps(_ALLOW_S3))
         yield S3Server(endpoint, key["AccessKeyId"], key["SecretAccessKey"])
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    with _moto("127.0.0.1", tmp_path_factory.mktemp("s3") / "moto.log") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def pod_s3_server(real_node, tmp_path_factory):
+    """moto's S3 server on the test node's bridge address, which its pods reach (their default gateway)."""
+    with _moto(real_node.info["gateway"], tmp_path_factory.mktemp("pod-s3") / "moto.log") as server:
+        yield server
 
 
 @pytest.fixture

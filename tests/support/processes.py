@@ -125,11 +125,11 @@ def http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
 
 @contextmanager
 def serving(what: str, args: Sequence[str], port: int, log_path: Path, env: dict[str, str] | None = None,
-            timeout: float = 60) -> Iterator[subprocess.Popen]:
-    """`args` spawned (spawn) and waited for until it accepts connections on loopback `port`; stopped at the end."""
+            timeout: float = 60, host: str = "127.0.0.1") -> Iterator[subprocess.Popen]:
+    """`args` spawned (spawn) and waited for until it accepts connections on `host`:`port`; stopped at the end."""
     proc = spawn(args, log_path, env=env)
     try:
-        wait_for(what, lambda: socket.create_connection(("127.0.0.1", port), timeout=1).close() or True,
+        wait_for(what, lambda: socket.create_connection((host, port), timeout=1).close() or True,
                  timeout=timeout, proc=proc, log=log_path)
         yield proc
     finally:

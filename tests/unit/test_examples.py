@@ -24,11 +24,12 @@ def for_a_cluster(path) -> bool:
 
 CLUSTER_EXAMPLES = [p for p in sorted((REPO / "examples").glob("*.yaml")) if for_a_cluster(p)]
 # What the examples' ServiceAccounts and images need the chart's podPolicy to allow.
-POLICY = {"allowedServiceAccounts": "embedjob-s3-reader", "allowedImagePrefixes": "registry.example.com/ml/"}
+POLICY = {"allowedServiceAccounts": "embedjob-s3-reader,embedjob-gcs-reader", "allowedImagePrefixes": "registry.example.com/ml/"}
 
 
 def test_the_cloud_examples_are_among_them():
-    assert {"s3-irsa.yaml", "s3-dataset-and-model.yaml", "gpu-node-pool.yaml"} <= {p.name for p in CLUSTER_EXAMPLES}
+    assert {"s3-irsa.yaml", "s3-dataset-and-model.yaml", "gcs-workload-identity.yaml",
+            "gpu-node-pool.yaml"} <= {p.name for p in CLUSTER_EXAMPLES}
 
 
 @pytest.mark.parametrize("example", CLUSTER_EXAMPLES, ids=lambda p: p.name)
