@@ -8,7 +8,8 @@ for its source does: the snapshot (the listing with each object's ETag; a local 
 sha256) and then every part through `read_dataset`, one after the other, each checked
 against its snapshot first. No model, no Ray, no sink. moto's server is
 a Python (Werkzeug) process on the same two cores, so the S3 figures are a pessimistic
-stand-in for a real store's.
+stand-in for a real store's; "bytes only" fetches the same objects whole with botocore and
+parses nothing, the most the server allows.
 
     python bench/object_store_read.py [--records 100000] [--parts 20] [--rounds 3] [--corpus PATH]
         [--moto-python PATH]
@@ -113,12 +114,23 @@ def main() -> None:
             return count / (time.perf_counter() - started)
         return records_per_second
 
+    def fetching(fmt: str):
+        """The same objects' bytes fetched whole with botocore (no parsing): what the server alone allows."""
+        def records_per_second() -> float:
+            started = time.perf_counter()
+            for number in range(len(parts)):
+                client.get_object(Bucket="bench", Key=f"corpus/part-{number:05}.{fmt}")["Body"].read()
+            return args.records / (time.perf_counter() - started)
+        return records_per_second
+
     try:
-        results = run_rounds({name: reading(name) for name in uris}, rounds=args.rounds)
+        results = run_rounds({**{name: reading(name) for name in uris},
+                              **{f"{fmt} s3 bytes only": fetching(fmt) for fmt in FORMATS}}, rounds=args.rounds)
     finally:
         server.terminate()
     print(report(results, unit="records/s", ratios={
-        f"{fmt} s3 / local": ratio(results, f"{fmt} s3", f"{fmt} local") for fmt in FORMATS}))
+        **{f"{fmt} s3 / local": ratio(results, f"{fmt} s3", f"{fmt} local") for fmt in FORMATS},
+        **{f"{fmt} s3 / s3 bytes only": ratio(results, f"{fmt} s3", f"{fmt} s3 bytes only") for fmt in FORMATS}}))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ The listing is the run's: the snapshot keeps each file's identity (snapshot.file
 the store's content stamp from the listing itself, one request per thousand objects on S3,
 or a local file's sha256), the fingerprint covers the files' keys under the dataset's root,
 sizes and content, and a file is checked against its snapshot when its turn to be read comes
-(`changed_since`), so a file replaced after the listing is not read as if it were the one
+(`opened_as_listed`), so a file replaced after the listing is not read as if it were the one
 fingerprinted. (One replaced while it is being read: s3fs's ranged reads carry the ETag the
 file was opened with, If-Match, so S3 refuses them.)
 """
@@ -20,12 +20,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.spec import AbstractBufferedFile
 from fsspec.utils import compressions
+
+from embedjob_worker.core.errors import JobFailed
 
 from embedjob_worker.source.snapshot import InputSnapshot, file_snapshot
 
@@ -108,18 +113,36 @@ def dataset_snapshot(uri: str, fmt: str) -> DatasetSnapshot:
     return DatasetSnapshot(uri=uri, keys=tuple(name[len(root):].lstrip("/") for name in names), files=files)
 
 
-def changed_since(part: InputSnapshot) -> str | None:
-    """What changed in a file since its snapshot (None: nothing), by the same identity the snapshot took: the
-    store's content stamp, or a local file's sha256 (its bytes read once more: about a second per GB)."""
+@contextmanager
+def opened_as_listed(part: InputSnapshot) -> Iterator[IO[bytes]]:
+    """The file of `part` opened for reading (its raw bytes) once it is known to be the file the run's snapshot
+    saw, else JobFailed (InputChanged) naming it. A store's file is checked by the details its opening fetched (one
+    request for both; s3fs then sends that ETag with each ranged read, If-Match); a local file by its sha256,
+    its bytes read once more (about a second per GB)."""
     fs, path = fsspec.core.url_to_fs(part.uri)
-    fs.invalidate_cache(path)  # gcsfs and adlfs answer `info` from the listing they cached: ask the store
+    fs.invalidate_cache(path)  # the filesystems answer from the listing they cached: ask the store
+    local = isinstance(fs, LocalFileSystem)
     try:
-        now = file_snapshot(fs, path, fs.info(path), part.uri)
+        if local:
+            _refuse_if_changed(part, file_snapshot(fs, path, fs.info(path), part.uri))
+        opened = fs.open(path, "rb")
     except FileNotFoundError:
-        return "it is gone"
+        _refuse(part, "it is gone")
+    with opened as f:
+        if not local:
+            details = f.info() if isinstance(f, AbstractBufferedFile) else fs.info(path)
+            _refuse_if_changed(part, file_snapshot(fs, path, details, part.uri))
+        yield f
+
+
+def _refuse_if_changed(part: InputSnapshot, now: InputSnapshot) -> None:
     if (now.size, now.content) != (part.size, part.content):
-        return f"it was {part.content}, {part.size} bytes; now {now.content}, {now.size} bytes"
-    return None
+        _refuse(part, f"it was {part.content}, {part.size} bytes; now {now.content}, {now.size} bytes")
+
+
+def _refuse(part: InputSnapshot, change: str) -> None:
+    raise JobFailed("InputChanged", f"spec.source: {part.uri} changed after the run listed the dataset's files "
+                                    f"({change}); a run reads the files its start listed, as they were then")
 
 
 def dataset_changes(old: dict[str, Any], new: dict[str, Any]) -> str:

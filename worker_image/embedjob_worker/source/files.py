@@ -20,17 +20,22 @@ from pathlib import Path
 from typing import IO
 
 import fsspec
+from fsspec.compression import compr
 from fsspec.spec import AbstractBufferedFile
+from fsspec.utils import infer_compression
 
 from embedjob.api import Source
 
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.records import MAX_RECORD_BYTES, BadReason, RawRecord
 from embedjob_worker.source.csv_records import SkippedCsvRecord, csv_records
-from embedjob_worker.source.dataset import changed_since, dataset_files, is_dataset
+from embedjob_worker.source.dataset import dataset_files, is_dataset, opened_as_listed
 from embedjob_worker.source.snapshot import InputSnapshot
 
 _PARQUET_BATCH_ROWS = 4096
+# What io.BufferedReader reads of an object-store file at a time (its default, 8 KiB, costs a call into the
+# filesystem's cache per 8 KiB).
+_READ_BUFFER = 1 << 20
 _BOM = "\ufeff"
 # What a compressed input that ends early raises (gzip/bz2/lzma through fsspec).
 _CUT_OFF_STREAM = (EOFError, zlib.error)
@@ -69,13 +74,23 @@ def bounded_lines(f: IO, limit: int = MAX_RECORD_BYTES) -> Iterator:
         yield OversizedLine(size)
 
 
+def _open_raw(uri: str, listed: InputSnapshot | None):
+    """The file's raw bytes: a dataset's file checked against the run's listing (`listed`), else as it is."""
+    return opened_as_listed(listed) if listed is not None else fsspec.open(uri, "rb")
+
+
 @contextmanager
-def open_text_source(uri: str) -> Iterator[IO[bytes]]:
+def open_text_source(uri: str, listed: InputSnapshot | None = None) -> Iterator[IO[bytes]]:
     """The input at `uri` as a buffered binary stream, decompressed by its extension. An object store's
     file (fsspec's AbstractBufferedFile) has no readline(size), which bounded_lines needs: it is put
-    behind an io.BufferedReader, which reads it by its ranged reads."""
-    with fsspec.open(uri, "rb", compression="infer") as f:
-        yield io.BufferedReader(f) if isinstance(f, AbstractBufferedFile) else f
+    behind an io.BufferedReader, which reads it by its ranged reads, a MiB at a time."""
+    compression = infer_compression(uri)
+    with _open_raw(uri, listed) as raw:
+        if compression is not None:
+            with compr[compression](raw, mode="rb") as decompressed:
+                yield decompressed
+        else:
+            yield io.BufferedReader(raw, _READ_BUFFER) if isinstance(raw, AbstractBufferedFile) else raw
 
 
 def resolve_uri(uri: str, base_dir: Path | None) -> str:
@@ -99,10 +114,11 @@ def source_records(source: Source, uri: str, database_url: str | None,
     return read_records(uri, source.format, source.id_field, source.text_field)
 
 
-def read_records(uri: str, fmt: str, id_field: str, text_field: str, first: int = 0) -> Iterator[RawRecord]:
-    """The records of one file, numbered from position `first`."""
+def read_records(uri: str, fmt: str, id_field: str, text_field: str, first: int = 0,
+                 listed: InputSnapshot | None = None) -> Iterator[RawRecord]:
+    """The records of one file, numbered from position `first`; `listed`: as a dataset's listing saw it."""
     readers = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}
-    return readers[fmt](uri, id_field, text_field, first)
+    return readers[fmt](uri, id_field, text_field, first, listed)
 
 
 def read_dataset(files: Sequence[InputSnapshot], fmt: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
@@ -110,12 +126,8 @@ def read_dataset(files: Sequence[InputSnapshot], fmt: str, id_field: str, text_f
     (InputChanged) at a file that is no longer what the run's snapshot saw."""
     first = 0
     for part in files:
-        change = changed_since(part)
-        if change:
-            raise JobFailed("InputChanged", f"spec.source: {part.uri} changed after the run listed the dataset's files "
-                                            f"({change}); a run reads the files its start listed, as they were then")
         try:
-            for record in read_records(part.uri, fmt, id_field, text_field, first):
+            for record in read_records(part.uri, fmt, id_field, text_field, first, part):
                 first = record.position + 1
                 yield record
         except (OSError, ValueError, KeyError) as exc:  # named by its file, not by the dataset's pattern
@@ -141,8 +153,9 @@ def count_records(uri: str, fmt: str) -> int | None:
     return lines - 1 if fmt == "csv" else lines
 
 
-def _read_jsonl(uri: str, id_field: str, text_field: str, first: int) -> Iterator[RawRecord]:
-    with open_text_source(uri) as f:
+def _read_jsonl(uri: str, id_field: str, text_field: str, first: int,
+                listed: InputSnapshot | None) -> Iterator[RawRecord]:
+    with open_text_source(uri, listed) as f:
         position = first
         lines = bounded_lines(f)
         while True:
@@ -175,10 +188,11 @@ def _jsonl_record(position: int, line: str, id_field: str, text_field: str) -> R
     return RawRecord(position, obj.get(id_field), obj.get(text_field))
 
 
-def _read_csv(uri: str, id_field: str, text_field: str, first: int) -> Iterator[RawRecord]:
+def _read_csv(uri: str, id_field: str, text_field: str, first: int,
+              listed: InputSnapshot | None) -> Iterator[RawRecord]:
     # A cell may be as large as a record may be (the csv module's default stops at 128 KiB).
     csv.field_size_limit(MAX_RECORD_BYTES)
-    with open_text_source(uri) as raw:
+    with open_text_source(uri, listed) as raw:
         # utf-8-sig: a BOM is not part of the first column's name.
         text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
         # Whole records, split quote-aware: one over the limit is skipped to its real end.
@@ -224,10 +238,11 @@ def _csv_row(record: str | SkippedCsvRecord) -> list[str] | SkippedCsvRecord:
         return SkippedCsvRecord(BadReason.malformed_record, f"not a CSV row: {exc}")
 
 
-def _read_parquet(uri: str, id_field: str, text_field: str, first: int) -> Iterator[RawRecord]:
+def _read_parquet(uri: str, id_field: str, text_field: str, first: int,
+                  listed: InputSnapshot | None) -> Iterator[RawRecord]:
     import pyarrow.parquet as pq
 
-    with fsspec.open(uri, "rb") as f:
+    with _open_raw(uri, listed) as f:
         parquet = pq.ParquetFile(f)
         position = first
         for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[id_field, text_field]):
