@@ -75,6 +75,12 @@ def test_a_glob_reads_the_files_it_matches_in_lexical_order(corpus, pattern, exp
     assert list(dataset_snapshot(f"{corpus}/{pattern}", "jsonl").keys) == expected
 
 
+def test_a_web_server_is_no_dataset_store():
+    for uri in ("http://127.0.0.1:9/corpus/", "https://example.invalid/corpus/*.jsonl"):
+        with pytest.raises(ValueError, match="a web server has no listing to read a prefix or glob from"):
+            dataset_files(uri, "jsonl")  # refused before any request
+
+
 def test_nothing_matched_is_an_error_naming_what_was_looked_for(corpus, tmp_path):
     with pytest.raises(FileNotFoundError, match="no file matches the pattern"):
         dataset_files(f"{corpus}/*.parquet", "parquet")

@@ -87,6 +87,10 @@ def dataset_files(uri: str, fmt: str) -> tuple[fsspec.AbstractFileSystem, list[s
     """The dataset's filesystem, its files' paths in lexical order and their listed `info`; FileNotFoundError
     naming the pattern when nothing matches."""
     fs, path = fsspec.core.url_to_fs(uri)
+    if set(_protocols(fs)) & {"http", "https"}:
+        # fsspec would scrape an index page's links, with no size or content stamp to know a file by
+        raise ValueError("a web server has no listing to read a prefix or glob from: name one file, or keep the "
+                         "files in a store (s3://, gs://, az://) or a folder")
     if uri.endswith("/"):
         listed = {name: info for name, info in fs.find(path, detail=True).items() if _has_format_extension(name, fmt)}
     else:
@@ -103,6 +107,10 @@ def _file_uri(fs: fsspec.AbstractFileSystem, dataset_uri: str, name: str) -> str
     if isinstance(fs, LocalFileSystem) or "://" in name:
         return name
     return f"{dataset_uri.split('://', 1)[0]}://{name}"
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
 
 
 def dataset_snapshot(uri: str, fmt: str) -> DatasetSnapshot:
