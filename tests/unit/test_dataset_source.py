@@ -142,3 +142,21 @@ def test_an_unreadable_file_is_named_by_itself_not_by_the_pattern(tmp_path):
 
 def test_a_relative_prefix_keeps_its_slash():
     assert resolve_uri("data/", Path("/jobs")) == "/jobs/data/" and is_dataset(resolve_uri("data/", Path("/jobs")))
+
+
+def test_a_stores_files_are_fetched_ahead_yet_a_change_stops_the_read_at_that_file():
+    import fsspec
+
+    for n, part in enumerate([("a1", "a2"), ("b1",), ("c1", "c2")]):
+        with fsspec.open(f"memory://ahead/part-{n}.jsonl", "wb") as f:
+            f.write(jsonl(*part))
+    snapshot = dataset_snapshot("memory://ahead/", "jsonl")
+    assert ids(list(read_dataset(snapshot.files, "jsonl", "id", "text"))) == [
+        (0, "a1"), (1, "a2"), (2, "b1"), (3, "c1"), (4, "c2")]
+    read = read_dataset(snapshot.files, "jsonl", "id", "text")
+    first = [next(read), next(read)]  # part-1 is fetched meanwhile; part-2 once part-1's turn comes
+    with fsspec.open("memory://ahead/part-2.jsonl", "wb") as f:
+        f.write(jsonl("c1", "c2", "c3"))
+    assert ids([*first, next(read)]) == [(0, "a1"), (1, "a2"), (2, "b1")]
+    with pytest.raises(JobFailed, match="memory:///ahead/part-2.jsonl changed after the run listed"):
+        next(read)

@@ -37,6 +37,8 @@ from embedjob_worker.source.snapshot import InputSnapshot, file_snapshot
 GLOB_CHARACTERS = "*?["
 # What a file of each format is called under a prefix (a glob takes whatever it matches).
 FORMAT_EXTENSIONS = {"jsonl": (".jsonl", ".json", ".ndjson"), "csv": (".csv",), "parquet": (".parquet", ".pq")}
+# A store's file up to this size is fetched whole while the file before it is parsed (files.read_dataset).
+WHOLE_FILE_BYTES = 64 << 20
 # How many files a refusal names of each kind (changed, gone, new) before it counts the rest.
 NAMED_FILES = 5
 
@@ -141,6 +143,15 @@ def opened_as_listed(part: InputSnapshot) -> Iterator[IO[bytes]]:
             details = f.info() if isinstance(f, AbstractBufferedFile) else fs.info(path)
             _refuse_if_changed(part, file_snapshot(fs, path, details, part.uri))
         yield f
+
+
+def fetched_whole(part: InputSnapshot) -> bytes | None:
+    """A store's file of at most WHOLE_FILE_BYTES, checked against its listing and read in one request; None for
+    a local or a larger file (read as it is parsed)."""
+    if "://" not in part.uri or part.uri.startswith("file://") or (part.size or 0) > WHOLE_FILE_BYTES:
+        return None
+    with opened_as_listed(part) as f:
+        return f.read()
 
 
 def _refuse_if_changed(part: InputSnapshot, now: InputSnapshot) -> None:

@@ -14,8 +14,10 @@ import csv
 import io
 import json
 import zlib
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import IO
 
@@ -29,7 +31,7 @@ from embedjob.api import Source
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.records import MAX_RECORD_BYTES, BadReason, RawRecord
 from embedjob_worker.source.csv_records import SkippedCsvRecord, csv_records
-from embedjob_worker.source.dataset import dataset_files, is_dataset, opened_as_listed
+from embedjob_worker.source.dataset import dataset_files, fetched_whole, is_dataset, opened_as_listed
 from embedjob_worker.source.snapshot import InputSnapshot
 
 _PARQUET_BATCH_ROWS = 4096
@@ -74,23 +76,31 @@ def bounded_lines(f: IO, limit: int = MAX_RECORD_BYTES) -> Iterator:
         yield OversizedLine(size)
 
 
-def _open_raw(uri: str, listed: InputSnapshot | None):
-    """The file's raw bytes: a dataset's file checked against the run's listing (`listed`), else as it is."""
-    return opened_as_listed(listed) if listed is not None else fsspec.open(uri, "rb")
+# Opens a file's raw (still compressed) bytes for reading: fsspec's, by default, or a dataset's (read_dataset).
+Opener = Callable[[], AbstractContextManager[IO[bytes]]]
 
 
 @contextmanager
-def open_text_source(uri: str, listed: InputSnapshot | None = None) -> Iterator[IO[bytes]]:
+def open_text_source(uri: str, opener: Opener | None = None) -> Iterator[IO[bytes]]:
     """The input at `uri` as a buffered binary stream, decompressed by its extension. An object store's
     file (fsspec's AbstractBufferedFile) has no readline(size), which bounded_lines needs: it is put
     behind an io.BufferedReader, which reads it by its ranged reads, a MiB at a time."""
     compression = infer_compression(uri)
-    with _open_raw(uri, listed) as raw:
+    with (opener or _fsspec_opener(uri))() as raw:
         if compression is not None:
             with compr[compression](raw, mode="rb") as decompressed:
                 yield decompressed
         else:
             yield io.BufferedReader(raw, _READ_BUFFER) if isinstance(raw, AbstractBufferedFile) else raw
+
+
+def _dataset_opener(part: InputSnapshot, fetched: bytes | None) -> Opener:
+    """A dataset file's bytes: fetched already (dataset.fetched_whole), else opened once checked against its listing."""
+    return partial(nullcontext, io.BytesIO(fetched)) if fetched is not None else partial(opened_as_listed, part)
+
+
+def _fsspec_opener(uri: str) -> Opener:
+    return partial(fsspec.open, uri, "rb")
 
 
 def resolve_uri(uri: str, base_dir: Path | None) -> str:
@@ -115,23 +125,32 @@ def source_records(source: Source, uri: str, database_url: str | None,
 
 
 def read_records(uri: str, fmt: str, id_field: str, text_field: str, first: int = 0,
-                 listed: InputSnapshot | None = None) -> Iterator[RawRecord]:
-    """The records of one file, numbered from position `first`; `listed`: as a dataset's listing saw it."""
+                 opener: Opener | None = None) -> Iterator[RawRecord]:
+    """The records of one file, numbered from position `first`; its bytes from `opener` (default: fsspec's)."""
     readers = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}
-    return readers[fmt](uri, id_field, text_field, first, listed)
+    return readers[fmt](uri, id_field, text_field, first, opener or _fsspec_opener(uri))
 
 
 def read_dataset(files: Sequence[InputSnapshot], fmt: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
     """The records of a dataset's files in their order, positions running on from file to file; JobFailed
-    (InputChanged) at a file that is no longer what the run's snapshot saw."""
+    (InputChanged) at a file that is no longer what the run's snapshot saw.
+
+    While one file is parsed, the next is fetched in a thread when it is a store's and at most
+    WHOLE_FILE_BYTES (checked against the listing, then read whole in one request), so that the store's
+    latency overlaps the parsing; a larger one is streamed as it is parsed. At most two files' bytes
+    are held."""
     first = 0
-    for part in files:
-        try:
-            for record in read_records(part.uri, fmt, id_field, text_field, first, part):
-                first = record.position + 1
-                yield record
-        except (OSError, ValueError, KeyError) as exc:  # named by its file, not by the dataset's pattern
-            raise JobFailed("SourceUnreadable", f"reading {part.uri}: {type(exc).__name__}: {exc}") from None
+    with ThreadPoolExecutor(1, thread_name_prefix="embedjob-fetch") as fetcher:
+        ahead = fetcher.submit(fetched_whole, files[0]) if files else None
+        for number, part in enumerate(files):
+            try:
+                data = ahead.result()
+                ahead = fetcher.submit(fetched_whole, files[number + 1]) if number + 1 < len(files) else None
+                for record in read_records(part.uri, fmt, id_field, text_field, first, _dataset_opener(part, data)):
+                    first = record.position + 1
+                    yield record
+            except (OSError, ValueError, KeyError) as exc:  # named by its file, not by the dataset's pattern
+                raise JobFailed("SourceUnreadable", f"reading {part.uri}: {type(exc).__name__}: {exc}") from None
 
 
 def count_records(uri: str, fmt: str) -> int | None:
@@ -154,8 +173,8 @@ def count_records(uri: str, fmt: str) -> int | None:
 
 
 def _read_jsonl(uri: str, id_field: str, text_field: str, first: int,
-                listed: InputSnapshot | None) -> Iterator[RawRecord]:
-    with open_text_source(uri, listed) as f:
+                opener: Opener) -> Iterator[RawRecord]:
+    with open_text_source(uri, opener) as f:
         position = first
         lines = bounded_lines(f)
         while True:
@@ -189,10 +208,10 @@ def _jsonl_record(position: int, line: str, id_field: str, text_field: str) -> R
 
 
 def _read_csv(uri: str, id_field: str, text_field: str, first: int,
-              listed: InputSnapshot | None) -> Iterator[RawRecord]:
+              opener: Opener) -> Iterator[RawRecord]:
     # A cell may be as large as a record may be (the csv module's default stops at 128 KiB).
     csv.field_size_limit(MAX_RECORD_BYTES)
-    with open_text_source(uri, listed) as raw:
+    with open_text_source(uri, opener) as raw:
         # utf-8-sig: a BOM is not part of the first column's name.
         text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
         # Whole records, split quote-aware: one over the limit is skipped to its real end.
@@ -239,10 +258,10 @@ def _csv_row(record: str | SkippedCsvRecord) -> list[str] | SkippedCsvRecord:
 
 
 def _read_parquet(uri: str, id_field: str, text_field: str, first: int,
-                  listed: InputSnapshot | None) -> Iterator[RawRecord]:
+                  opener: Opener) -> Iterator[RawRecord]:
     import pyarrow.parquet as pq
 
-    with _open_raw(uri, listed) as f:
+    with opener() as f:
         parquet = pq.ParquetFile(f)
         position = first
         for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[id_field, text_field]):
