@@ -12,7 +12,7 @@ stand-in for a real store's; "bytes only" fetches the same objects whole with bo
 parses nothing, the most the server allows.
 
     python bench/object_store_read.py [--records 100000] [--parts 20] [--rounds 3] [--corpus PATH]
-        [--moto-python PATH]
+        [--moto-python PATH] [--server-cpu N]
 
 moto's server runs under --moto-python (default: $EMBEDJOB_TEST_MOTO_PYTHON, the virtualenv
 tests/run makes for it, else this interpreter): its boto3 and s3fs want different botocore versions.
@@ -49,12 +49,14 @@ def part_bytes(records: list[dict], fmt: str) -> bytes:
     return sink.getvalue()
 
 
-def start_s3(python: str, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+def start_s3(python: str, env: dict[str, str], cpu: int | None = None) -> tuple[subprocess.Popen, str]:
+    """moto's S3 server on loopback (on CPU `cpu` alone when given); the process and its endpoint."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen([python, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                              preexec_fn=None if cpu is None else lambda: os.sched_setaffinity(0, {cpu}))
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -72,6 +74,9 @@ def main() -> None:
     parser.add_argument("--parts", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--moto-python", default=os.environ.get("EMBEDJOB_TEST_MOTO_PYTHON", sys.executable))
+    parser.add_argument("--server-cpu", type=int, metavar="N",
+                        help="run moto on CPU N alone and this process on the others, as a store runs on machines of "
+                             "its own (default: both share every CPU)")
     add_corpus_argument(parser)
     args = parser.parse_args()
 
@@ -87,7 +92,9 @@ def main() -> None:
     parts = [records[i:i + size] for i in range(0, args.records, size)]
 
     credentials = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
-    server, endpoint = start_s3(args.moto_python, {**os.environ, **credentials})
+    server, endpoint = start_s3(args.moto_python, {**os.environ, **credentials}, args.server_cpu)
+    if args.server_cpu is not None:
+        os.sched_setaffinity(0, os.sched_getaffinity(0) - {args.server_cpu})
     os.environ.update({**credentials, "AWS_ENDPOINT_URL": endpoint})
     local = Path(tempfile.mkdtemp(prefix="embedjob-object-read-"))
     client = botocore.session.get_session().create_client("s3", endpoint_url=endpoint)
