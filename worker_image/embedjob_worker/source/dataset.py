@@ -31,8 +31,8 @@ from fsspec.spec import AbstractBufferedFile
 from fsspec.utils import compressions
 
 from embedjob_worker.core.errors import JobFailed
-
 from embedjob_worker.source.snapshot import InputSnapshot, file_snapshot
+from embedjob_worker.source.unavailable import in_a_store
 
 GLOB_CHARACTERS = "*?["
 # What a file of each format is called under a prefix (a glob takes whatever it matches).
@@ -148,7 +148,7 @@ def opened_as_listed(part: InputSnapshot) -> Iterator[IO[bytes]]:
 def fetched_whole(part: InputSnapshot) -> bytes | None:
     """A store's file of at most WHOLE_FILE_BYTES, checked against its listing and read in one request; None for
     a local or a larger file (read as it is parsed)."""
-    if "://" not in part.uri or part.uri.startswith("file://") or (part.size or 0) > WHOLE_FILE_BYTES:
+    if not in_a_store(part.uri) or (part.size or 0) > WHOLE_FILE_BYTES:
         return None
     with opened_as_listed(part) as f:
         return f.read()

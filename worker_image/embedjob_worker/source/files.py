@@ -33,6 +33,7 @@ from embedjob_worker.core.records import MAX_RECORD_BYTES, BadReason, RawRecord
 from embedjob_worker.source.csv_records import SkippedCsvRecord, csv_records
 from embedjob_worker.source.dataset import dataset_files, fetched_whole, is_dataset, opened_as_listed
 from embedjob_worker.source.snapshot import InputSnapshot
+from embedjob_worker.source.unavailable import in_a_store
 
 _PARQUET_BATCH_ROWS = 4096
 # What io.BufferedReader reads of an object-store file at a time (its default, 8 KiB, costs a call into the
@@ -156,7 +157,7 @@ def read_dataset(files: Sequence[InputSnapshot], fmt: str, id_field: str, text_f
 def count_records(uri: str, fmt: str) -> int | None:
     """A cheap record count for progress bars: Parquet metadata, or newlines of a local file or dataset."""
     if is_dataset(uri):
-        if "://" in uri and not uri.startswith("file://"):
+        if in_a_store(uri):
             return None
         return sum(count_records(name, fmt) or 0 for name in dataset_files(uri, fmt)[1])
     if fmt == "parquet":
@@ -164,7 +165,7 @@ def count_records(uri: str, fmt: str) -> int | None:
 
         with fsspec.open(uri, "rb") as f:
             return pq.ParquetFile(f).metadata.num_rows
-    if "://" in uri and not uri.startswith("file://"):
+    if in_a_store(uri):
         return None
     with open_text_source(uri) as f:
         lines = sum(1 for line in bounded_lines(f) if isinstance(line, OversizedLine) or line.strip())
