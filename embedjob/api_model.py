@@ -30,6 +30,9 @@ HALF_PRECISIONS = (ModelPrecision.float16.value, ModelPrecision.bfloat16.value)
 INT8_BACKENDS = (ModelBackend.onnx.value, ModelBackend.openvino.value)
 HALF_NEEDS_TORCH = "precision float16/bfloat16 needs backend torch (half precisions run on a GPU)"
 INT8_NEEDS_EXPORT = "precision int8 needs backend onnx or openvino (dynamic quantization on CPU)"
+# A reduced precision whose vectors' mean cosine to float32 falls below this is refused; 0.99 is the mean
+# that int8 MiniLM (0.996) and OpenVINO int8 (0.9996) keep on PEP paragraphs with room (docs/backends.md).
+DEFAULT_MIN_COSINE = 0.99
 URI_ABSOLUTE = "uri must be a URL (s3://, gs://, az://...) or an absolute path"
 URI_ALONE = "set uri without path or package: each names where the model's files are"
 URI_NEEDS_REVISION = ("a uri model needs revision: the hash of its weights (docs/sources.md says how to get it), "
@@ -121,6 +124,13 @@ class Model(ApiModel):
         description="Numeric precision: float32; float16 or bfloat16 (backend torch, on a GPU: gpusPerActor > 0); "
         "int8 (backend onnx or openvino: dynamic quantization on CPU). Recorded in the vectors' revision, so "
         "vectors of different precisions never mix.",
+    )
+    min_cosine: float = Field(
+        DEFAULT_MIN_COSINE, ge=0, le=1,
+        description="For a reduced precision (not float32): the least mean cosine, over a sample of the job's own "
+        "first texts, between the job's vectors and the same model's float32 torch vectors. The run measures it "
+        "as it starts (status.progress.precisionCosineMean and precisionCosineMin) and refuses "
+        "(PrecisionBelowMinimum) below it, before any vector is written; 0 measures and never refuses.",
     )
 
     @field_validator("path")

@@ -62,6 +62,8 @@ runs = sa.Table(
     sa.Column("records_unchanged", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("records_deleted", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("chunks_embedded", sa.BigInteger, nullable=False, server_default="0"),  # migration 0009
+    sa.Column("precision_cosine_mean", sa.Float),  # migration 0012
+    sa.Column("precision_cosine_min", sa.Float),
     sa.Column("reason", sa.String(64)),  # CamelCase, e.g. TooManyFailedBatches; set when failed
     sa.Column("error", sa.Text),
     # The driver session that owns the run (migration 0010): set by each start or resume; a group

@@ -201,6 +201,9 @@ def _print_summary(summary) -> None:
             f"retries            {summary.retries} ({summary.oom_splits} out-of-memory splits)",
             f"elapsed            {summary.elapsed_seconds:.1f}s (run {summary.run_id})",
         ]
+    if c is not None and c.precision_cosine_mean is not None:
+        lines.append(f"precision check    cosine to float32: mean {c.precision_cosine_mean:.4f}, least "
+                     f"{c.precision_cosine_min:.4f} (spec.model.minCosine)")
     if summary.index is not None:
         built = summary.index
         lines.append(f"vector index       {built.name} " + (f"built in {built.seconds:.1f}s" if built.built else

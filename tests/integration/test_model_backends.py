@@ -4,12 +4,14 @@ jobs whose vectors are recorded under a revision that names backend and precisio
 import json
 
 import numpy as np
+import onnx
 import pytest
 import yaml
 
 from embedjob.api import parse_spec
 from embedjob_worker.encode.exported import export_model
-from embedjob_worker.encode.model import check_backend_installed, load_model, resolve_model
+from embedjob_worker.encode.model import load_model, resolve_model
+from embedjob_worker.encode.onnx_export import down_projections
 from support.cli import EMBEDJOB, manifest, run
 from support.corpus import corpus_lines
 from support.driver_jobs import write_input
@@ -18,14 +20,6 @@ from support.sql import query
 
 pytestmark = pytest.mark.slow
 TEXTS = [json.loads(line)["text"] for line in corpus_lines(0, 200)]
-
-
-def onnx_installed() -> bool:
-    try:
-        check_backend_installed("onnx")
-        return True
-    except ValueError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -73,22 +67,37 @@ def test_openvino_int8_stays_within_the_quality_target(cache_env, torch_vectors)
     assert found.mean() < 0.99999  # quantized: not the float model again
 
 
-@pytest.mark.skipif(not onnx_installed(), reason="optimum-onnx or onnxruntime is not installed")
-def test_onnx_float32_and_int8_vectors_match_torch(cache_env, torch_vectors):
+def test_onnx_float32_is_the_model_itself_and_int8_stays_within_the_quality_target(cache_env, torch_vectors):
     float_spec, int8_spec = resolved("onnx"), resolved("onnx", "int8")
-    assert cosines(load_model(float_spec, "cpu", export_model(float_spec)), torch_vectors).min() > 0.999
-    found = cosines(load_model(int8_spec, "cpu", export_model(int8_spec)), torch_vectors)
+    float_dir, int8_dir = export_model(float_spec), export_model(int8_spec)
+    float_model = load_model(float_spec, "cpu", float_dir, threads=2)
+    assert type(float_model).__name__ == "OnnxSentenceModel"  # onnxruntime itself, no optimum
+    vectors = float_model.encode(TEXTS, batch_size=32, normalize_embeddings=True)
+    assert np.abs(vectors - torch_vectors).max() < 1e-5
+    # int8 matrix products, except each layer's feed-forward projection back down (six layers)
+    graph = onnx.load(str(int8_dir / "onnx" / "model.onnx")).graph
+    assert len(down_projections(graph)) == 6 and {"DynamicQuantizeLinear", "MatMulInteger"} <= \
+        {node.op_type for node in graph.node}
+    found = cosines(load_model(int8_spec, "cpu", int8_dir, threads=2), torch_vectors)
     assert found.mean() >= 0.99 and found.min() >= 0.97, (found.mean(), found.min())
+    assert found.mean() < 0.99999  # quantized: not the float model again
 
 
-@pytest.mark.skipif(onnx_installed(), reason="optimum-onnx and onnxruntime are installed")
-def test_a_job_with_backend_onnx_is_refused_naming_the_field_when_the_image_lacks_it(tmp_path, database_url):
-    source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 10))
+def test_an_int8_job_below_its_min_cosine_is_refused_naming_both_figures_and_writes_nothing(
+        tmp_path, database_url, cache_env):
+    source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 40))
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(merged(manifest(str(source)), {"spec": {"model": {"backend": "onnx"}}})))
-    result = run([*EMBEDJOB, "run", str(job), "--database-url", database_url])
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    assert "ModelUnavailable: spec.model: ValueError: backend onnx needs " in result.stdout, result.stdout
+    job.write_text(yaml.safe_dump(merged(manifest(str(source)), {"spec": {"model": {
+        "backend": "onnx", "precision": "int8", "minCosine": 0.9999}}})))
+    result = run([*EMBEDJOB, "run", str(job), "--database-url", database_url], env=cache_env, timeout=600)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert "PrecisionBelowMinimum: spec.model.minCosine 0.9999: precision int8 gave a mean cosine of 0.99" in \
+        result.stdout, result.stdout
+    assert "over the job's first 40 texts" in result.stdout
+    assert query(database_url, "SELECT count(*) FROM embeddings") == [(0,)]
+    [(state, reason, mean, least)] = query(database_url, "SELECT state, reason, precision_cosine_mean, "
+                                                         "precision_cosine_min FROM embedjob_runs")
+    assert (state, reason) == ("failed", "PrecisionBelowMinimum") and 0.99 < mean < 0.9999 and 0.9 < least <= mean
 
 
 def test_vectors_of_each_backend_and_precision_are_kept_apart(tmp_path, database_url, cache_env):
@@ -116,8 +125,10 @@ def test_vectors_of_each_backend_and_precision_are_kept_apart(tmp_path, database
         [(base_revision, 64), (f"{base_revision}+openvino-int8", 64)]
     assert query(database_url, "SELECT record_id, embedding::text FROM embeddings WHERE revision LIKE '%+%' "
                                "ORDER BY 1") == written  # not overwritten
-    runs = query(database_url, "SELECT revision, state FROM embedjob_runs WHERE state <> 'failed' ORDER BY started_at")
-    assert runs == [(f"{base_revision}+openvino-int8", "succeeded"), (base_revision, "succeeded")]
+    runs = query(database_url, "SELECT revision, state, precision_cosine_mean IS NOT NULL FROM embedjob_runs "
+                               "WHERE state <> 'failed' ORDER BY started_at")
+    # the gate measured the int8 run (and passed it at the default minCosine), not the float32 one
+    assert runs == [(f"{base_revision}+openvino-int8", "succeeded", True), (base_revision, "succeeded", False)]
 
     # search embeds the query with the manifest's backend and precision, and reads that revision's vectors
     first_text = TEXTS[0]

@@ -44,6 +44,10 @@ def test_accepted_combinations(model, workers):
     ({"precision": "bfloat16"}, {"gpusPerActor": 0}, "model.precision float16/bfloat16 runs on a GPU"),
     ({"backend": "tensorflow"}, {}, "spec.model.backend: Input should be 'torch', 'onnx' or 'openvino'"),
     ({"precision": "int4"}, {}, "spec.model.precision: Input should be"),
+    ({"minCosine": 1.5}, {}, "spec.model.minCosine: Input should be less than or equal to 1"),
+    ({"minCosine": -0.1}, {}, "spec.model.minCosine: Input should be greater than or equal to 0"),
+    ({"minCosine": "nan"}, {}, "spec.model.minCosine: Input should be"),
+    ({"minCosine": "high"}, {}, "spec.model.minCosine: Input should be a valid number"),
 ])
 def test_refused_combinations_name_the_field(model, workers, message):
     with pytest.raises(api.SpecError) as refused:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from embedjob.api import RunCounters
 
 from embedjob_worker.core.logs import log_event
-from embedjob_worker.core.worker_reports import WorkerInfo
+from embedjob_worker.core.worker_reports import PrecisionCheck, WorkerInfo
 from embedjob_worker.core.outcome import (ADDED_COUNTERS, KEPT_ON_RESUME, BatchOutcome, CounterUpdate, DoneBatch, chunks,
                                           group_counts)
 
@@ -43,11 +43,16 @@ class RunTally:
         self._committed = dict.fromkeys(ADDED_COUNTERS, 0)  # this session's commits, as group_counts adds them
         self._classified: dict[str, tuple[int, int]] = {}
         self._embedding_started: float | None = None
+        self.precision: PrecisionCheck | None = None  # a reduced precision's check, as this session measured it
 
     def start_embedding(self) -> None:
         """Texts per second count from here (the actors are ready)."""
         with self._lock:
             self._embedding_started = time.monotonic()
+
+    def precision_checked(self, check: PrecisionCheck) -> None:
+        with self._lock:
+            self.precision = check
 
     def input_read(self, batches: int, records: int) -> None:
         with self._lock:
@@ -112,8 +117,14 @@ class RunTally:
                 texts_per_second=round(embedded / elapsed, 2) if elapsed > 0 else 0.0,
                 records_unchanged=self.records_unchanged,
                 records_deleted=self.records_deleted,
+                **self._precision_figures(),
                 **{name: count + committed[name] for name, count in self._resumed.items()},
             )
+
+    def _precision_figures(self) -> dict[str, float | None]:
+        """The run row's precision columns (self._lock held)."""
+        check = self.precision
+        return {"precision_cosine_mean": check and check.mean, "precision_cosine_min": check and check.minimum}
 
     def _driver_counts(self) -> dict[str, int]:
         """What only the driver knows, by the run row counter it adds to (self._lock held)."""
@@ -130,7 +141,7 @@ class RunTally:
                 driver=self._driver_counts(),
                 set={"batches_total": self.batches_total, "records_total": self.records_total,
                      "records_unchanged": self.records_unchanged,
-                     "texts_per_second": texts_per_second})
+                     "texts_per_second": texts_per_second, **self._precision_figures()})
 
     def commit(self, outcomes: Iterable[BatchOutcome]) -> None:
         """Count the batches a writer committed (or found committed: a commit whose reply was lost, a writer

@@ -1,4 +1,5 @@
-"""What an EmbeddingWorker actor reports across Ray: its model once loaded (WorkerInfo), a batch embedded (EmbedResult).
+"""What an EmbeddingWorker actor reports across Ray: its model once loaded (WorkerInfo), a batch embedded
+(EmbedResult), a reduced precision compared with float32 (PrecisionCheck).
 
 The actor (encode/actors.py) builds them and the driver (encode/workers.py, encode/dispatch.py,
 run/job.py) reads them; they pickle by this module's name, which the driver and the actors share
@@ -40,3 +41,12 @@ class EmbedResult:
     # float32, a row per text; None where the vectors are returned apart (EmbeddingWorker.embed_apart)
     vectors: np.ndarray | None = None
     largest: tuple[float, ...] = ()  # each vector's largest component magnitude (core.vector_range)
+
+
+@dataclass(frozen=True)
+class PrecisionCheck:
+    """The cosines between a reduced precision's vectors and float32's of the same texts (EmbeddingWorker.check_precision)."""
+
+    texts: int
+    mean: float
+    minimum: float

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from embedjob_worker.core.vector_range import largest_components
-from embedjob_worker.core.worker_reports import EmbedResult, WorkerInfo
+from embedjob_worker.core.worker_reports import EmbedResult, PrecisionCheck, WorkerInfo
 from embedjob_worker.encode.exported import ExportedModel, materialize
-from embedjob_worker.encode.model import ResolvedModel, load_model, loaded_revision, on_this_node
+from embedjob_worker.encode.model import ResolvedModel, float32_reference, load_model, loaded_revision, on_this_node
 
 
 class EmbeddingWorker:
@@ -39,7 +39,9 @@ class EmbeddingWorker:
         resolved = on_this_node(resolved)  # a model from storage: fetched once per node (model_store)
         # `exported`: the driver's one export of an onnx/openvino model (embedjob_worker.encode.exported).
         exported_dir = materialize(exported) if exported is not None else None
-        self.model = load_model(resolved, "cuda" if num_gpus > 0 else "cpu", exported_dir, threads)
+        self.device = "cuda" if num_gpus > 0 else "cpu"
+        self.resolved = resolved
+        self.model = load_model(resolved, self.device, exported_dir, threads)
         self.load_seconds = time.monotonic() - started
         # Wall clock: a job that reuses a pool actor sees when another job loaded the model.
         self.loaded_at = time.time()
@@ -97,6 +99,18 @@ class EmbeddingWorker:
         (spec.sink.writers)."""
         result = self.embed(batch_id, texts, pass_size)
         return dataclasses.replace(result, vectors=None), result.vectors
+
+    def check_precision(self, texts: list[str]) -> PrecisionCheck:
+        """The cosines between this model's vectors of `texts` and the same model's in float32 torch, loaded on
+        this actor's device for the check and dropped after it."""
+        reference = load_model(float32_reference(self.resolved), self.device)
+        expected = reference.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True,
+                                    show_progress_bar=False)
+        del reference
+        found, _ = self._encode(texts, 32)
+        found /= np.maximum(np.linalg.norm(found, axis=1, keepdims=True), 1e-12)
+        cosines = (found * expected).sum(axis=1)
+        return PrecisionCheck(len(texts), round(float(cosines.mean()), 6), round(float(cosines.min()), 6))
 
     def _encode(self, texts: list[str], pass_size: int) -> tuple[np.ndarray, int]:
         """Encode in forward passes of `pass_size` texts; on out-of-memory, encode the halves (recursively)."""

@@ -12,11 +12,10 @@ have. The exported MiniLM is tens of MB: the object store holds it once while th
 runs. `embedjob search` uses the same cache (`export_model`), so a query is embedded by
 the same exported model as the vectors it is compared with.
 
-int8 is dynamic quantization, needing no calibration data: for onnx sentence-transformers'
-`export_dynamic_quantized_onnx_model` (the portable avx2 configuration, whatever the
-driver's CPU, so that the vectors do not depend on where the driver ran); for openvino
-NNCF's data-free int8 weight compression (OpenVINO's CPU plugin quantizes the activations
-at run time). sentence-transformers' `export_static_quantized_openvino_model` needs a
+onnx is embedjob's own export (`embedjob_worker.encode.onnx_export`: one graph, checked against
+the model, int8 by ONNX Runtime's dynamic quantization); openvino is sentence-transformers'
+export through optimum-intel, int8 NNCF's data-free weight compression (OpenVINO's CPU plugin
+quantizes the activations at run time). sentence-transformers' `export_static_quantized_openvino_model` needs a
 calibration data set from the Hugging Face hub, which clusters without hub access lack.
 """
 
@@ -37,10 +36,9 @@ from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.encode.model import ResolvedModel
 
 # The libraries whose version changes what an export contains.
-_EXPORT_LIBRARIES = ("sentence-transformers", "transformers", "torch", "optimum", "optimum-onnx", "onnxruntime",
+_EXPORT_LIBRARIES = ("sentence-transformers", "transformers", "torch", "onnx", "onnxscript", "onnxruntime", "optimum",
                      "optimum-intel", "openvino", "nncf")
 _COMPLETE_MARKER = ".embedjob-export-complete"
-_ONNX_INT8_CONFIG = "avx2"
 KEY_HEX_CHARS = 24
 
 
@@ -86,26 +84,21 @@ def export_model(resolved: ResolvedModel) -> Path:
 
 
 def _export_into(resolved: ResolvedModel, directory: Path) -> None:
+    if resolved.backend == "onnx":
+        from embedjob_worker.encode.onnx_export import export_onnx
+
+        export_onnx(resolved.location, resolved.hub_revision, directory, int8=resolved.precision == "int8")
+        return
     from sentence_transformers import SentenceTransformer
 
-    # Loading a torch checkpoint with backend= makes sentence-transformers export it.
+    # Loading a torch checkpoint with backend= makes sentence-transformers export it (through optimum-intel).
     model = SentenceTransformer(resolved.location, revision=resolved.hub_revision, backend=resolved.backend,
                                 device="cpu")
-    if resolved.precision != "int8":
-        model.save(str(directory))
-    elif resolved.backend == "onnx":
-        from sentence_transformers import export_dynamic_quantized_onnx_model
-
-        model.save(str(directory))
-        export_dynamic_quantized_onnx_model(model, _ONNX_INT8_CONFIG, str(directory))
-        # The quantized file replaces the float one, so that loading needs no file name.
-        onnx_dir = directory / "onnx"
-        (onnx_dir / f"model_qint8_{_ONNX_INT8_CONFIG}.onnx").replace(onnx_dir / "model.onnx")
-    else:
+    model.save(str(directory))
+    if resolved.precision == "int8":
         import nncf
         import openvino
 
-        model.save(str(directory))
         xml = directory / "openvino" / "openvino_model.xml"
         compressed = nncf.compress_weights(openvino.Core().read_model(str(xml)), mode=nncf.CompressWeightsMode.INT8_ASYM)
         for stale in (xml, xml.with_suffix(".bin")):

@@ -31,8 +31,8 @@ _MODEL_MARKERS = ("modules.json", "config_sentence_transformers.json")
 REVISION_MAX_CHARS = runs.c.revision.type.length
 # A spec revision never contains "+" (its pattern), so the tag cannot be mistaken for one.
 BACKEND_TAG_SEPARATOR = "+"
-# What each backend needs installed in the worker image (sentence-transformers' extras).
-_BACKEND_DISTRIBUTIONS = {"onnx": (("optimum-onnx", "onnxruntime"), "sentence-transformers[onnx]"),
+# What each backend needs installed in the worker image (the `backends` extra).
+_BACKEND_DISTRIBUTIONS = {"onnx": (("onnxruntime", "onnx", "onnxscript"), "embedjob[backends]"),
                           "openvino": (("optimum-intel", "openvino", "nncf"), "sentence-transformers[openvino]")}
 
 
@@ -122,6 +122,11 @@ def on_this_node(resolved: ResolvedModel) -> ResolvedModel:
     return dataclasses.replace(resolved, location=str(fetch_model(resolved.uri, weights)))
 
 
+def float32_reference(resolved: ResolvedModel) -> ResolvedModel:
+    """The same weights in float32 torch: what a reduced precision is compared with."""
+    return dataclasses.replace(resolved, backend=ModelBackend.torch.value, precision=ModelPrecision.float32.value)
+
+
 def loaded_revision(resolved: ResolvedModel) -> str:
     """The tagged revision of the files at `resolved.location` (hashed again for path/package models)."""
     if resolved.hub_revision is not None:
@@ -134,14 +139,20 @@ def load_model(resolved: ResolvedModel, device: str, exported_dir: str | Path | 
     """The model in its backend and precision: onnx/openvino (on CPU, with `threads` threads) from
     `exported_dir`, an export of `embedjob_worker.encode.exported`; torch from its own files, cast to a
     half precision if asked."""
-    from sentence_transformers import SentenceTransformer
+    if resolved.exported and exported_dir is None:
+        raise ValueError(f"backend {resolved.backend} loads an exported model; none was given")
+    if resolved.backend == ModelBackend.onnx.value:
+        from embedjob_worker.encode.onnx_model import OnnxSentenceModel
 
-    if resolved.exported:
-        if exported_dir is None:
-            raise ValueError(f"backend {resolved.backend} loads an exported model; none was given")
+        model = OnnxSentenceModel(exported_dir, threads)
+    elif resolved.exported:
+        from sentence_transformers import SentenceTransformer
+
         model = SentenceTransformer(str(exported_dir), backend=resolved.backend, device="cpu",
-                                    model_kwargs=_runtime_threads(resolved.backend, threads))
+                                    model_kwargs=_runtime_threads(threads))
     else:
+        from sentence_transformers import SentenceTransformer
+
         model = SentenceTransformer(resolved.location, revision=resolved.hub_revision, device=device)
         if resolved.precision != ModelPrecision.float32.value:
             import torch
@@ -152,17 +163,9 @@ def load_model(resolved: ResolvedModel, device: str, exported_dir: str | Path | 
     return model
 
 
-def _runtime_threads(backend: str, threads: int | None) -> dict:
-    """onnxruntime and OpenVINO use every core of the node unless told: an actor gets its CPUs' worth."""
-    if not threads:
-        return {}
-    if backend == ModelBackend.openvino.value:
-        return {"ov_config": {"INFERENCE_NUM_THREADS": str(threads)}}
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    return {"session_options": options}
+def _runtime_threads(threads: int | None) -> dict:
+    """OpenVINO uses every core of the node unless told: an actor gets its CPUs' worth."""
+    return {"ov_config": {"INFERENCE_NUM_THREADS": str(threads)}} if threads else {}
 
 
 def check_model(reported: WorkerInfo | EmbedResult, resolved: ResolvedModel) -> None:

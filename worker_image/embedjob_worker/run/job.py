@@ -35,6 +35,7 @@ from embedjob_worker.encode.dispatch import Dispatcher
 from embedjob_worker.encode.lease import PoolLease
 from embedjob_worker.encode.model import ResolvedModel, check_model
 from embedjob_worker.encode.pools import pool_name, shared_cluster
+from embedjob_worker.encode.precision import checked_precision
 from embedjob_worker.encode.workers import ActorSet
 from embedjob_worker.plan.batching import Batch
 from embedjob_worker.plan.checks import IdRegistry, SortedIds
@@ -199,6 +200,8 @@ class JobRun:
                                                writer, spec.retry.attempts_per_batch)
                 cleanup.callback(writers.close)  # drained before the actors and the lease go
             dispatcher = self._dispatcher(actors, resolved, skipping)
+            batches = checked_precision(actors.actors[0], resolved.precision, spec.model.min_cosine, batches,
+                                        self.tally, self.options.workers_ready_timeout_s)
             dispatcher.run(batches, results, self._report)
             cleanup.close()  # every group written (or writing failed): only then is the outcome known
             if spec.sink.writers:
