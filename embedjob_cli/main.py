@@ -7,7 +7,9 @@ import dataclasses
 import logging
 import os
 import sys
-import warnings
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -22,24 +24,16 @@ from embedjob.api import IndexType, RunCounters, SpecError, VectorIndex  # noqa:
 from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, ExitCode  # noqa: E402
 
 from embedjob_worker.core.config import JobConfig  # noqa: E402
-from embedjob_worker.driver import unreachable_exit_code  # noqa: E402
-from embedjob_worker.core.errors import JobFailed, Unreachable  # noqa: E402
+from embedjob_worker.core.errors import JobFailed, Unreachable, unreachable_exit_code  # noqa: E402
 from embedjob_cli import job_logs, model_revision, render  # noqa: E402
-from embedjob_worker.core.logs import configure_logging, mask_secrets, mask_url  # noqa: E402
+from embedjob_cli.noise import quiet_libraries  # noqa: E402
+from embedjob_worker.core.logs import configure_logging, log_event, mask_secrets, mask_url  # noqa: E402
 from embedjob_cli.search import DEFAULT_EF_SEARCH, MAX_EF_SEARCH, nearest  # noqa: E402
 from embedjob_worker.sink.target import SinkTarget  # noqa: E402
 from embedjob_worker.sink.vector_index import metric_for  # noqa: E402
 
 SNIPPET_CHARS = 100
-# Ray announces token authentication on every local start; a one-machine Ray on loopback
-# is what `embedjob run` always starts, so the notice says nothing to act on.
-_RAY_TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
-
-
-def _quiet_third_party_notices() -> None:
-    # pgserver asks platformdirs for a runtime dir, which warns when XDG_RUNTIME_DIR is unset.
-    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
-    logging.getLogger(_RAY_TOKEN_NOTICE_LOGGER).setLevel(logging.ERROR)
+log = logging.getLogger("embedjob_cli.main")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="PostgreSQL URL of a table source's database (default: "
                      f"${SOURCE_DATABASE_URL_ENV}, else the sink's database)")
     run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    run.add_argument("--verbose", "-v", action="store_true", help="log every batch (key=value lines on stderr)")
+    run.add_argument("--verbose", "-v", action="store_true", help="log every batch (key=value lines on stderr) "
+                     "and what the libraries print on their own (silenced otherwise)")
     run.add_argument("--index", choices=[t.value for t in IndexType],
                      help="build this vector index after the run (default: the manifest's spec.sink.index, else none)")
     run.add_argument("--max-tokens", type=int, metavar="N",
@@ -72,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--database-url", default=os.environ.get(DATABASE_URL_ENV))
     search.add_argument("--ef-search", type=_ef_search, help=f"HNSW candidate list (hnsw.ef_search, 1-{MAX_EF_SEARCH}; "
                         f"default {DEFAULT_EF_SEARCH} or k if more): higher finds more true neighbours, slower")
+    search.add_argument("--verbose", "-v", action="store_true",
+                        help="show what the libraries print on their own (silenced otherwise)")
     job_logs.add_command(commands)
     render.add_command(commands)
     model_revision.add_command(commands)
@@ -94,8 +91,10 @@ def _with_index(config: JobConfig, index: str | None) -> JobConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
     args = _parser().parse_args(argv)
-    _quiet_third_party_notices()
+    verbose = getattr(args, "verbose", False)
+    quiet_libraries(verbose)
     if args.command == job_logs.COMMAND:
         return job_logs.run(args)
     if args.command == render.COMMAND:
@@ -113,27 +112,40 @@ def main(argv: list[str] | None = None) -> int:
         print(f"embedjob: invalid manifest {args.manifest}: {exc}", file=sys.stderr)
         return ExitCode.INVALID_CONFIG
     with ExitStack() as stack:
-        url = args.database_url or _local_database(stack)
-        # Log lines go above `embedjob run`'s progress bar, never into it.
-        secrets = [url, getattr(args, "source_database_url", None) or ""]
-        configure_logging(secrets=secrets, level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
-                          write=lambda line: tqdm.write(line, file=sys.stderr))
+        # Log lines go above `embedjob run`'s progress bar, never into it. The embedded PostgreSQL's
+        # URL holds no password (a Unix socket in its own directory): the secrets are the URLs given.
+        secrets = [args.database_url or "", getattr(args, "source_database_url", None) or ""]
+        configure_logging(secrets=secrets, level=logging.INFO if verbose else logging.WARNING,
+                          write=lambda line: tqdm.write(line, file=sys.stderr), names=("embedjob_worker", "embedjob_cli"))
+        url = (lambda: args.database_url) if args.database_url else _local_database(stack, started)
         try:
-            return _run(config, url, args) if args.command == "run" else _search(config, url, args)
+            return _run(config, url, args, started) if args.command == "run" else _search(config, url, args)
         except Unreachable as exc:
             print(f"embedjob: {mask_secrets(str(exc))}", file=sys.stderr)
             return unreachable_exit_code(exc)
 
 
-def _local_database(stack: ExitStack) -> str:
+def _local_database(stack: ExitStack, started: float) -> Callable[[], str]:
+    """Start the embedded PostgreSQL in a thread, so that Ray (`run`) or the model (`search`) starts meanwhile;
+    returns what waits for its URL. It is stopped when `stack` closes."""
     from embedjob_cli.localdb import start_local_database
 
-    server, url = start_local_database()
-    stack.callback(server.cleanup)
-    return url
+    def start():
+        server, url = start_local_database()
+        log_event(log, "local_database_ready", seconds=round(time.monotonic() - started, 2))
+        return server, url
+
+    starting = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="localdb")).submit(start)
+    stack.callback(_stop_local_database, starting)  # before the pool's exit, which would wait for it anyway
+    return lambda: starting.result()[1]
 
 
-def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
+def _stop_local_database(starting: Future) -> None:
+    if starting.exception() is None:  # waits for the start: a server half started is stopped too
+        starting.result()[0].cleanup()
+
+
+def _run(config: JobConfig, database_url: Callable[[], str], args: argparse.Namespace, started: float) -> int:
     import ray
 
     from embedjob_worker.plan.batching import estimated_batches
@@ -148,6 +160,8 @@ def _run(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     # address="local": a fresh Ray on this machine even when RAY_ADDRESS points elsewhere.
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(needed_cpus + 0.999)),
              include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    log_event(log, "ray_ready", seconds=round(time.monotonic() - started, 2))
+    url = database_url()
     metrics = DriverMetrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port)
@@ -211,7 +225,7 @@ def _print_summary(summary) -> None:
     print("\n".join(lines))
 
 
-def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
+def _search(config: JobConfig, database_url: Callable[[], str], args: argparse.Namespace) -> int:
     import sqlalchemy as sa
     from transformers.utils import logging as transformers_logging
 
@@ -227,7 +241,7 @@ def _search(config: JobConfig, url: str, args: argparse.Namespace) -> int:
     # The query is embedded like the vectors: same backend, precision and export (from this machine's cache).
     model = load_model(resolved, "cpu", export_model(resolved) if resolved.exported else None)
     query = model.encode([args.query], normalize_embeddings=True, convert_to_numpy=True)[0].astype("float32")
-    engine = db.create_engine(url)
+    engine = db.create_engine(database_url())
     try:
         # the table the job's runs write: in the schema the role creates tables in, never found through the search path
         target = SinkTarget.of_job(config).in_schema_of(engine)

@@ -8,6 +8,7 @@ import shutil
 import pytest
 import yaml
 
+from embedjob.contract import DATABASE_URL_ENV
 from embedjob_worker.source.snapshot import input_snapshot
 from support.cli import EMBEDJOB, manifest, run
 from support.corpus import corpus_lines
@@ -50,6 +51,33 @@ def test_a_missing_source_file_is_a_refused_job_not_a_traceback(tmp_path, databa
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert "SourceUnavailable" in result.stdout and "does-not-exist.jsonl" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_terminal_shows_the_commands_own_lines_and_the_libraries_only_with_verbose(tmp_path):
+    write_input(tmp_path / "peps.jsonl", corpus_lines(0, 40))
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest("peps.jsonl")))
+    # a fresh machine's: no XDG_RUNTIME_DIR (platformdirs warns when pgserver asks it for a runtime dir),
+    # the embedded PostgreSQL in a fresh data dir, transformers at its own default level
+    env = {"XDG_RUNTIME_DIR": None, "XDG_DATA_HOME": str(tmp_path / "data"), DATABASE_URL_ENV: None,
+           "TRANSFORMERS_VERBOSITY": None}
+    embedded = run([*EMBEDJOB, "run", str(path)], env)
+    assert embedded.returncode == 0, embedded.stderr
+    first, *bar = [line for line in screen_lines(embedded.stderr) if line.strip()]
+    assert first.startswith("embedjob: cli: peps.jsonl -> postgresql://"), embedded.stderr
+    assert bar and all(line.startswith("cli: ") for line in bar), embedded.stderr  # the progress bar's
+    assert embedded.stdout.startswith("state              succeeded\n"), embedded.stdout
+
+    query = [*EMBEDJOB, "search", str(path), "the purpose of a PEP", "-k", "2"]
+    found = run(query, env)
+    assert found.returncode == 0 and found.stderr == "", found.stderr
+    assert found.stdout.splitlines()[0] == "distance  id  chunk  chars  snippet" and len(found.stdout.splitlines()) == 3
+
+    loud = run([*query, "--verbose"], env)
+    assert loud.returncode == 0, loud.stderr
+    assert "LOAD REPORT" in loud.stderr and "RuntimeDirWarning" in loud.stderr, loud.stderr
+    assert loud.stdout == found.stdout
 
 
 def screen_lines(stderr: str) -> list[str]:

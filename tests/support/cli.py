@@ -24,5 +24,7 @@ def manifest(uri: str, **batching) -> dict:
 
 
 def run(args: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`args` run with this environment and `env` (a variable given None is unset)."""
+    merged = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+                          env={name: value for name, value in merged.items() if value is not None})

@@ -28,7 +28,7 @@ from embedjob.contract import (
 )
 
 from embedjob_worker.core.config import JobConfig
-from embedjob_worker.core.errors import RayUnreachable, Unreachable
+from embedjob_worker.core.errors import RayUnreachable, Unreachable, unreachable_exit_code
 from embedjob_worker.core.logs import configure_logging, log_event, mask_secrets, mask_url
 from embedjob_worker.core.metrics import DriverMetrics
 from embedjob_worker.run.job import DriverOptions, run_job
@@ -41,11 +41,6 @@ RAY_CONNECT_TIMEOUT_S = 60.0
 def fault_injection_from_env() -> dict | None:
     value = os.environ.get(FAULT_INJECTION_ENV)
     return json.loads(value) if value else None
-
-
-def unreachable_exit_code(exc: Unreachable) -> int:
-    """3 for Ray, 4 for the database: the operator turns them into RayUnavailable / DatabaseUnavailable."""
-    return ExitCode.RAY_UNREACHABLE if isinstance(exc, RayUnreachable) else ExitCode.DATABASE_UNREACHABLE
 
 
 def connect_ray(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:

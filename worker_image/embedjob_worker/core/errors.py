@@ -12,6 +12,7 @@ import psycopg
 import sqlalchemy as sa
 
 from embedjob.api import Retry
+from embedjob.contract import ExitCode
 
 from embedjob_worker.core.logs import log_event
 
@@ -80,3 +81,8 @@ def too_many_failed_batches(retry: Retry, failed: int, batches_total: int | None
         f" and failedBatchesToleratedPercent={percent} of {batches_total} batches" if percent is not None else "")
     return JobFailed("TooManyFailedBatches", f"{failed} batch(es) failed for good, more than the {allowed} that "
                                              f"{tolerance} allow; {detail}")
+
+
+def unreachable_exit_code(exc: Unreachable) -> int:
+    """3 for Ray, 4 for the database: the operator turns them into RayUnavailable / DatabaseUnavailable."""
+    return ExitCode.RAY_UNREACHABLE if isinstance(exc, RayUnreachable) else ExitCode.DATABASE_UNREACHABLE

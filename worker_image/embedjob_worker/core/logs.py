@@ -124,12 +124,12 @@ class _WithoutTraceback(logging.Filter):
 
 
 def configure_logging(secrets: list[str], level: int = logging.INFO,
-                      write: Callable[[str], None] | None = None) -> None:
-    """key=value lines with secrets masked, on stderr or through `write`: the driver's, and the warnings of the
-    object stores' libraries without their tracebacks (gcsfs logs one with every failed request; the error reaches
-    the driver, which reports it)."""
+                      write: Callable[[str], None] | None = None, names: tuple[str, ...] = ("embedjob_worker",)) -> None:
+    """key=value lines with secrets masked, on stderr or through `write`: the driver's (and those of the other
+    loggers `names`), and the warnings of the object stores' libraries without their tracebacks (gcsfs logs one
+    with every failed request; the error reaches the driver, which reports it)."""
     _registered_secrets[:] = [secret for secret in secrets if secret]
-    for name, extra_filters, name_level in [("embedjob_worker", [], level)] + [
+    for name, extra_filters, name_level in [(name, [], level) for name in names] + [
             (store, [_WithoutTraceback()], logging.WARNING) for store in _STORE_LOGGERS]:
         handler = LineHandler(write) if write else logging.StreamHandler(sys.stderr)
         handler.setFormatter(KeyValueFormatter())
