@@ -36,9 +36,9 @@ __all__ = [
     "HALF_PRECISIONS", "HEAD_CONTAINER", "HNSW_DEFAULT_EF_CONSTRUCTION", "HNSW_DEFAULT_M", "KIND", "NULL_OPS",
     "PLURAL", "RAY_CLUSTER_SELECTOR_KEY", "RESERVED_ENV_PREFIX", "SHORT_NAMES", "SINGULAR", "SOURCE_IDENTIFIER",
     "VERSION", "WORKER_CONTAINER", "CHUNK_WITHIN_MODEL", "OVERLAP_WITHIN_MODEL",
-    "ApiModel", "Batching", "ChosenBatching", "Chunking", "EmbeddingJobSpec", "Head", "IndexType", "Model", "ModelBackend",
-    "ModelPrecision", "PodDefaults", "Retry", "RunCounters", "SecretKeyRef", "Sink", "Source", "SourceTable", "SpecError",
-    "Sync", "TableFilter", "VectorIndex", "Workers", "choose_batching", "parse_spec",
+    "ApiModel", "Batching", "ChosenBatching", "Chunking", "EmbeddingJobSpec", "Head", "IndexType", "Model",
+    "ModelBackend", "ModelPrecision", "PodDefaults", "Retry", "RunCounters", "SecretKeyRef", "Sink", "Source",
+    "SourceTable", "SpecError", "Sync", "TableFilter", "VectorIndex", "Workers", "choose_batching", "parse_spec",
 ]
 
 GROUP = "embedjob.dev"

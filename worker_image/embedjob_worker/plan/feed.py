@@ -36,7 +36,8 @@ class FeedPlan:
     uri: str  # the input (files.resolve_uri; a table source's table.table_uri)
     key: str  # batch ids derive from it (batching.batch_key)
     source_database_url: str | None = None  # where a table source is read
-    budget: TokenBudget | None = None  # spec.chosen_batching.max_tokens: batches cut by padded tokens instead of by count
+    # spec.chosen_batching.max_tokens: batches cut by padded tokens instead of by count
+    budget: TokenBudget | None = None
     # spec.chunking: each record cut into chunks, and batches hold whole records' chunks
     chunker: Callable[[list[str]], list[tuple[Span, ...]]] | None = None
     files: tuple[InputSnapshot, ...] = ()  # a dataset's files as the run listed them (dataset.DatasetSnapshot)
