@@ -72,7 +72,7 @@ def test_the_crd_gives_batch_size_and_max_tokens_no_default_so_unset_survives_th
     # every rule on them holds for an unset field (the API server checks `default: {}` too)
     for rule in batching["x-kubernetes-validations"]:
         assert "!has(self.batchSize)" in rule["rule"] or "!has(self.maxTokens)" in rule["rule"]
-    assert "4096 on CPU workers" in batching["properties"]["maxTokens"]["description"]
+    assert f"{DEFAULT_CPU_MAX_TOKENS} on CPU workers" in batching["properties"]["maxTokens"]["description"]
 
 
 @pytest.mark.parametrize(("batching", "fixed"), [({}, False), ({"batchSize": 64}, True), ({"sortWindow": 0}, True)])
