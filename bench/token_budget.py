@@ -2,13 +2,13 @@
 
 Every contender is the whole driver end to end (local Ray, one actor, PostgreSQL writes to
 an embedded pgserver) over the same PEP paragraphs, sortWindow 4096, maxInFlight 4:
-fixed batchSize 32 and 128, and token budgets (batchSize 512 as the upper bound on
-records). The tiny random-weight model (bench/tiny_model.py) repeats fixed vs budget
+fixed batch sizes (32 and 128 unless --fixed says), and token budgets (batchSize 512 as the
+upper bound on records). The tiny random-weight model (bench/tiny_model.py) repeats fixed vs budget
 where the model costs next to nothing, so the driver's own token counting shows. A last
 figure is the driver's token counting alone (the model's tokenizer, CPU µs per text).
 
-    HF_HUB_OFFLINE=1 python bench/token_budget.py [--texts 2000] [--budgets 4096 16384] [--cpus 2] [--rounds 3]
-                                                  [--corpus PATH]
+    HF_HUB_OFFLINE=1 python bench/token_budget.py [--texts 2000] [--budgets 4096 16384] [--fixed 32 128] [--cpus 2]
+                                                  [--rounds 3] [--corpus PATH]
 
 The contenders alternate in each round (bench/rounds.py); the table gives medians and ranges.
 """
@@ -23,11 +23,12 @@ import time
 from pathlib import Path
 
 from corpus import add_corpus_argument, first_records
+from embedjob.api_batching import DEFAULT_BUDGET_RECORDS
 from rounds import report, run_rounds
 from throughput import MODEL_NAME, MODEL_PACKAGE, TINY_BATCH, embedjob_driver
 from tiny_model import build_tiny_model
 
-BUDGET_BATCH_SIZE = 512
+BUDGET_BATCH_SIZE = DEFAULT_BUDGET_RECORDS  # the bound a defaulted budget gets, so its figures are the default's
 TINY_BUDGET_BATCH_SIZE = 2048
 MODEL_LIMIT = 256  # all-MiniLM-L6-v2's max_seq_length, as the tiny model keeps it
 
@@ -50,6 +51,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--budgets", type=int, nargs="+", default=[4096, 16384], help="maxTokens contenders")
+    parser.add_argument("--fixed", type=int, nargs="*", default=[32, 128],
+                        help="fixed batchSize contenders (none: only the budgets)")
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tiny-texts", type=int, default=20_000, help="texts for the tiny model (0: leave it out)")
@@ -71,8 +74,7 @@ def main() -> None:
         return {"steady": steady, "wall": wall}
 
     contenders = {
-        "fixed batchSize 32": lambda: driver(records, 32),
-        "fixed batchSize 128": lambda: driver(records, 128),
+        **{f"fixed batchSize {size}": (lambda size=size: driver(records, size)) for size in args.fixed},
         **{f"maxTokens {budget} (batchSize ≤ {BUDGET_BATCH_SIZE})":
            (lambda budget=budget: driver(records, BUDGET_BATCH_SIZE, max_tokens=budget)) for budget in args.budgets},
     }

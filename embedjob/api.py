@@ -24,7 +24,8 @@ from .api_rules import LABEL_KEY, LABEL_VALUE, cel
 from .api_pod_volumes import RESERVED_ENV_PREFIX
 from .api_pods import HEAD_CONTAINER, WORKER_CONTAINER, Head, PodDefaults
 from .api_model import HALF_PRECISIONS, Model, ModelBackend, ModelPrecision
-from .api_sections import ApiModel, Batching, Chunking, Retry, Source, Sync, Workers
+from .api_batching import Batching, ChosenBatching, choose_batching
+from .api_sections import ApiModel, Chunking, Retry, Source, Sync, Workers
 from .api_sink import HNSW_DEFAULT_EF_CONSTRUCTION, HNSW_DEFAULT_M, IndexType, Sink, VectorIndex
 from .api_table import NULL_OPS, SOURCE_IDENTIFIER, SourceTable, TableFilter
 
@@ -35,9 +36,9 @@ __all__ = [
     "HALF_PRECISIONS", "HEAD_CONTAINER", "HNSW_DEFAULT_EF_CONSTRUCTION", "HNSW_DEFAULT_M", "KIND", "NULL_OPS",
     "PLURAL", "RAY_CLUSTER_SELECTOR_KEY", "RESERVED_ENV_PREFIX", "SHORT_NAMES", "SINGULAR", "SOURCE_IDENTIFIER",
     "VERSION", "WORKER_CONTAINER", "CHUNK_WITHIN_MODEL", "OVERLAP_WITHIN_MODEL",
-    "ApiModel", "Batching", "Chunking", "EmbeddingJobSpec", "Head", "IndexType", "Model", "ModelBackend",
-    "ModelPrecision", "PodDefaults", "Retry", "RunCounters", "SecretKeyRef", "Sink", "Source", "SourceTable", "SpecError",
-    "Sync", "TableFilter", "VectorIndex", "Workers", "parse_spec",
+    "ApiModel", "Batching", "ChosenBatching", "Chunking", "EmbeddingJobSpec", "Head", "IndexType", "Model",
+    "ModelBackend", "ModelPrecision", "PodDefaults", "Retry", "RunCounters", "SecretKeyRef", "Sink", "Source",
+    "SourceTable", "SpecError", "Sync", "TableFilter", "VectorIndex", "Workers", "choose_batching", "parse_spec",
 ]
 
 GROUP = "embedjob.dev"
@@ -182,6 +183,11 @@ class EmbeddingJobSpec(ApiModel):
         description="A Kueue WorkloadPriorityClass for the job in its queue (label kueue.x-k8s.io/priority-class): "
         "it orders the queue and lets a job preempt lower-priority ones.",
     )
+
+    @property
+    def chosen_batching(self) -> ChosenBatching:
+        """The batch size and token budget this job runs with, unset fields given their defaults."""
+        return choose_batching(self.batching, self.workers.gpus_per_actor)
 
     @model_validator(mode="after")
     def _half_precision_on_gpu(self) -> "EmbeddingJobSpec":

@@ -1,8 +1,9 @@
-"""The spec sections source, batching, workers, retry, sync and chunking of the EmbeddingJob.
+"""The spec sections source, workers, retry, sync and chunking of the EmbeddingJob.
 
 `embedjob.api` assembles them into `EmbeddingJobSpec`; their base model is `embedjob.api_base.ApiModel`,
-the model is in `embedjob.api_model`, the sink in `embedjob.api_sink`, the table source's parts in
-`embedjob.api_table` and the pod settings (`workers.template`, `head`) in `embedjob.api_pods`. Every field has a description:
+the batching section is in `embedjob.api_batching`, the model in `embedjob.api_model`, the sink in
+`embedjob.api_sink`, the table source's parts in `embedjob.api_table` and the pod settings
+(`workers.template`, `head`) in `embedjob.api_pods`. Every field has a description:
 the CRD generated from these models (`embedjob.crd`) is what `kubectl explain` shows,
 with each field's default appended there.
 """
@@ -77,69 +78,6 @@ class Source(ApiModel):
             raise ValueError("set exactly one of uri and table")
         if self.database_secret_ref is not None and self.table is None:
             raise ValueError("databaseSecretRef names the database of a table source; a file source has none")
-        return self
-
-
-# batchSize's maximum × maxSeqLength's: a larger budget never cuts a batch.
-MAX_TOKENS_LIMIT = 4096 * 8192
-# (CEL rule, message); Batching's validator checks the same in Python.
-MAX_TOKENS_NEEDS_SORTING = (
-    "!has(self.maxTokens) || !has(self.sortWindow) || self.sortWindow > 0",
-    "maxTokens is only meaningful with length sorting: set sortWindow above 0 or unset maxTokens",
-)
-MAX_TOKENS_NEEDS_ROOM = (
-    "!has(self.maxTokens) || !has(self.batchSize) || self.batchSize > 1",
-    "maxTokens is only meaningful with batchSize above 1 (batchSize is the most records per batch)",
-)
-
-
-class Batching(ApiModel):
-    """How records are grouped into batches for the workers."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                # has(): the API server checks the object's `default: {}` against the
-                # rule before nested defaults are filled in.
-                cel(
-                    "!has(self.sortWindow) || !has(self.batchSize) || self.sortWindow == 0 "
-                    "|| self.sortWindow >= self.batchSize",
-                    "sortWindow must be 0 (no length bucketing) or at least batchSize",
-                    ".sortWindow",
-                ),
-                cel(*MAX_TOKENS_NEEDS_SORTING, ".maxTokens"),
-                cel(*MAX_TOKENS_NEEDS_ROOM, ".maxTokens"),
-            ]
-        }
-    )
-
-    batch_size: int = Field(64, ge=1, le=4096, description="Texts per batch (1-4096); one batch is one model call.")
-    max_in_flight: int = Field(
-        4, ge=1, le=1024,
-        description="Batches outstanding at once, at the workers or not yet written (1-1024); bounds memory and "
-        "the work a crash loses.",
-    )
-    sort_window: int = Field(
-        4096,
-        ge=0,
-        le=1_000_000,
-        description="Records read ahead and sorted by length before batches are formed, so that a batch holds "
-        "texts of similar length (0 disables this; otherwise at least batchSize).",
-    )
-    max_tokens: int | None = Field(
-        None, ge=1, le=MAX_TOKENS_LIMIT,
-        description="Token budget per batch (1-33554432): batches are cut from the length-sorted window so that "
-        "records × the longest record's tokens (the model's tokenizer, capped at its token limit) stays within "
-        "it, at most batchSize records each; a record over the budget alone is a batch of one. Unset: batchSize "
-        "records per batch. Needs sortWindow > 0 and batchSize > 1.",
-    )
-
-    @model_validator(mode="after")
-    def _max_tokens_needs_sorting_and_room(self) -> "Batching":
-        if self.max_tokens is not None and self.sort_window == 0:
-            raise ValueError(MAX_TOKENS_NEEDS_SORTING[1])
-        if self.max_tokens is not None and self.batch_size == 1:
-            raise ValueError(MAX_TOKENS_NEEDS_ROOM[1])
         return self
 
 

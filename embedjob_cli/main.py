@@ -174,8 +174,9 @@ def _run(config: JobConfig, database_url: Callable[[], str], args: argparse.Name
         total = None  # the driver refuses the job with SourceUnavailable and says why
     # Until the input has been read through, the batch count is estimated from the records.
     # With a token budget the count depends on the texts' tokens: unknown until read through.
-    estimate = (f"~{estimated_batches(total, spec.batching.batch_size, spec.batching.sort_window)}"
-                if total and spec.batching.max_tokens is None and spec.chunking is None else "?")
+    chosen = spec.chosen_batching
+    estimate = (f"~{estimated_batches(total, chosen.batch_size, spec.batching.sort_window)}"
+                if total and chosen.max_tokens is None and spec.chunking is None else "?")
     source = table_uri(spec.source.table) if spec.source.table else spec.source.uri
     print(f"embedjob: {config.name}: {source} -> {mask_url(url)} table {spec.sink.table}, "
           f"collection {spec.sink.collection}", file=sys.stderr)
@@ -209,6 +210,7 @@ def _print_summary(summary) -> None:
             f" {c.records_deleted} deleted",
             f"batches            {c.batches_succeeded} succeeded ({summary.batches_skipped} already done),"
             f" {c.batches_failed} failed, {c.batches_total} total",
+            f"batching           {summary.batching}",
             f"throughput         {c.texts_per_second:.1f} texts/s",
             f"batch latency      p50 {summary.latency_percentile(0.5):.2f}s, p95 {summary.latency_percentile(0.95):.2f}s",
             f"model load         {summary.model_load_seconds:.1f}s",

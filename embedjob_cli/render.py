@@ -9,7 +9,8 @@ variables, then by flags). Two things only the cluster can tell are not checked:
 the database Secret and key exist, and what a `clusterSelector` cluster hands the driver.
 A RayJob's name and owner carry the EmbeddingJob's uid, which exists only once it was
 applied: `--uid` gives it (`kubectl get ej NAME -o jsonpath='{.metadata.uid}'`),
-otherwise a placeholder is used.
+otherwise a placeholder is used. A comment line above the RayJob says the batching the
+driver will choose (`EmbeddingJobSpec.chosen_batching`: a token budget by default).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import yaml
 from controller import acceptance
 from controller.rayjob import build_rayjob
 from controller.settings import POD_DEFAULTS_ENV, POD_DEFAULTS_FILE_ENV, POD_POLICY_ENV, Settings, SettingsError
-from embedjob.api import SpecError
+from embedjob.api import EmbeddingJobSpec, SpecError
 from embedjob.crd import spec_as_stored
 from embedjob.contract import ExitCode
 from embedjob.manifest import load_manifest
@@ -45,6 +46,12 @@ def render(manifest: dict[str, Any], settings: Settings, uid: str = PLACEHOLDER_
            namespace: str | None = None) -> dict[str, Any]:
     """The RayJob for a manifest whose envelope was checked (`embedjob.manifest.check_envelope`),
     applied in `namespace` (else the manifest's, else default) and given `uid`."""
+    return _rendered(manifest, settings, uid, namespace)[0]
+
+
+def _rendered(manifest: dict[str, Any], settings: Settings, uid: str,
+              namespace: str | None) -> tuple[dict[str, Any], EmbeddingJobSpec]:
+    """render's RayJob, and the spec it was built from."""
     parsed = acceptance.parse(manifest["spec"])
     if isinstance(parsed, acceptance.Verdict):
         raise RenderRefused(parsed)
@@ -55,7 +62,7 @@ def render(manifest: dict[str, Any], settings: Settings, uid: str = PLACEHOLDER_
     metadata["namespace"] = namespace or metadata.get("namespace") or "default"
     # the entrypoint carries the spec as the operator reads it: as stored, defaults applied
     stored = {**manifest, "metadata": metadata, "spec": spec_as_stored(manifest["spec"])}
-    return build_rayjob(stored, parsed, settings)
+    return build_rayjob(stored, parsed, settings), parsed
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
@@ -94,12 +101,13 @@ def settings_of(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        rayjob = render(load_manifest(args.manifest), settings_of(args, os.environ), args.uid, args.namespace)
+        rayjob, spec = _rendered(load_manifest(args.manifest), settings_of(args, os.environ), args.uid, args.namespace)
     except (OSError, SpecError, SettingsError) as exc:
         print(f"embedjob: {args.manifest}: {exc}", file=sys.stderr)
         return ExitCode.INVALID_CONFIG
     except RenderRefused as exc:
         print(f"embedjob: the operator would refuse {args.manifest}: {exc}", file=sys.stderr)
         return ExitCode.INVALID_CONFIG
-    sys.stdout.write(yaml.safe_dump(rayjob, sort_keys=False))
+    # A comment, so that the output stays the RayJob to apply: the batching its driver will choose for the spec.
+    sys.stdout.write(f"# spec.batching: {spec.chosen_batching}\n" + yaml.safe_dump(rayjob, sort_keys=False))
     return ExitCode.SUCCEEDED

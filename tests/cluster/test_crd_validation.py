@@ -95,7 +95,8 @@ def test_long_name_is_rejected(kube, namespace):
 def test_defaults_are_filled_by_the_api_server(kube, namespace):
     kube.kubectl("apply", "-n", namespace, "-f", "-", input=ej_manifest("defaults"))
     spec = get_json(kube, "ej", "defaults", "-n", namespace)["spec"]
-    assert spec["batching"] == {"batchSize": 64, "maxInFlight": 4, "sortWindow": 4096}
+    # batchSize and maxTokens stay unset (no schema default), so the driver can tell a default budget is wanted
+    assert spec["batching"] == {"maxInFlight": 4, "sortWindow": 4096}
     assert spec["workers"] == {"replicas": 1, "cpusPerActor": 1, "gpusPerActor": 0}
     assert spec["sink"]["databaseSecretRef"]["key"] == "url" and spec["suspend"] is False
     assert spec["retry"] == {"attemptsPerBatch": 3, "failedBatchesTolerated": 0, "backoffLimit": 0}
@@ -107,6 +108,8 @@ def test_valid_variants_are_accepted(kube, namespace):
         "whole-gpus": {"workers": {"gpusPerActor": 2, "cpusPerActor": 4, "memory": "8Gi"}},
         "on-cluster": {"clusterSelector": {"ray.io/cluster": "shared-ray"}},
         "token-budget": {"batching": {"batchSize": 512, "maxTokens": 16384}},
+        "token-budget-alone": {"batching": {"maxTokens": 4096}},
+        "fixed-batches": {"batching": {"batchSize": 64}},
         "chunking": {"model": {"maxSeqLength": 256}, "chunking": {"maxTokens": 256, "overlapTokens": 128}},
         "chunking-defaults": {"chunking": {}},
         "revision": {"model": {"package": None, "revision": "0123456789abcdef0123456789abcdef01234567"}},

@@ -26,6 +26,7 @@ def test_embedjob_run_then_search(tmp_path, database_url):
     assert result.returncode == 0, result.stderr
     assert "records embedded   200" in result.stdout
     assert "batch latency      p50" in result.stdout and "model load" in result.stdout
+    assert "batching           fixed batches of 32 records" in result.stdout  # batchSize alone: fixed
 
     found = run([*EMBEDJOB, "search", str(path), "the purpose of a PEP", "-k", "3", "--database-url", database_url])
     assert found.returncode == 0, found.stderr

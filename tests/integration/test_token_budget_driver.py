@@ -10,6 +10,7 @@ from support.driver_crash import kill_driver_after, succeeded_attempts
 from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
 from support.sql import query
+from embedjob.api_batching import DEFAULT_CPU_MAX_TOKENS
 from embedjob_worker.plan.batching import make_batches
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.encode.model import load_model, resolve_model
@@ -55,6 +56,24 @@ def test_budget_batches_follow_the_plan_and_their_vectors_equal_a_direct_encode(
     model = load_model(resolved, device="cpu")
     reference = model.encode([r.text for r in rows], normalize_embeddings=True, convert_to_numpy=True)
     np.testing.assert_allclose(np.array([json.loads(r.embedding) for r in rows]), reference, atol=1e-5)
+
+
+def test_a_spec_without_batch_size_or_max_tokens_gets_the_cpu_budget(ray_address, database_url, tmp_path):
+    source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 300))
+    spec = manifest(source, "defaulted")
+    del spec["spec"]["batching"]["batchSize"]
+    job = JobConfig.from_manifest(spec)
+    summary = run_job(job, database_url)
+    assert summary.state == "succeeded", summary.error
+    assert summary.batching == (f"maxTokens {DEFAULT_CPU_MAX_TOKENS} (default for CPU), at most 512 records a batch "
+                                "(default with a budget)")
+    # The run row's identity holds what the job ran with; the batches are the planner's under that budget.
+    identity = query(database_url, "SELECT identity FROM embedjob_runs")[0].identity
+    assert (identity["batching.maxTokens"], identity["batching.batchSize"]) == (DEFAULT_CPU_MAX_TOKENS, 512)
+    budget = token_budget(DEFAULT_CPU_MAX_TOKENS, resolve_model(job.spec.model), MODEL_LIMIT)
+    planned = make_batches(iter(valid_records(source)), 512, job.spec.batching.sort_window, "key", budget)
+    written = query(database_url, "SELECT records FROM embedjob_batches WHERE state = 'succeeded'")
+    assert Counter(r.records for r in written) == Counter(len(b.records) for b in planned)
 
 
 def test_the_driver_counts_tokens_as_the_model_truncates_them():

@@ -27,7 +27,8 @@ def test_checked_in_crd_is_generated_from_the_model():
 def test_minimal_spec_gets_defaults():
     spec = api.parse_spec(MINIMAL_SPEC)
     assert spec.source.format == "jsonl"
-    assert spec.batching.batch_size == 64 and spec.batching.max_in_flight == 4
+    assert spec.batching.batch_size is None and spec.batching.max_tokens is None  # chosen per device
+    assert spec.batching.max_in_flight == 4
     assert spec.workers.replicas == 1 and spec.workers.cpus_per_actor == 1
     assert spec.sink.database_secret_ref.key == "url"
     assert spec.sink.table == "embeddings" and spec.retry.attempts_per_batch == 3

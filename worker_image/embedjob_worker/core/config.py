@@ -84,10 +84,12 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str) -> dict[str, Any]:
 
     Replicas, CPUs, maxInFlight, sink.writers and retry settings are left out: changing them neither
     changes a batch nor a vector nor where it goes, so a resumed job may use different ones.
-    batching.maxTokens and chunking are only present when set, so runs from before they existed keep their
+    batchSize and maxTokens are the ones the job runs with (spec.chosen_batching: unset ones defaulted).
+    batching.maxTokens and chunking are only present when there is one, so runs from before they existed keep their
     fingerprint.
     """
-    budget = {"batching.maxTokens": spec.batching.max_tokens} if spec.batching.max_tokens is not None else {}
+    chosen = spec.chosen_batching
+    budget = {"batching.maxTokens": chosen.max_tokens} if chosen.max_tokens is not None else {}
     chunking = {} if spec.chunking is None else {"chunking.maxTokens": spec.chunking.max_tokens,
                                                  "chunking.overlapTokens": spec.chunking.overlap_tokens}
     return {
@@ -98,7 +100,7 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str) -> dict[str, Any]:
         "model.revision": model_revision,
         "model.normalize": spec.model.normalize,
         "model.maxSeqLength": spec.model.max_seq_length,
-        "batching.batchSize": spec.batching.batch_size,
+        "batching.batchSize": chosen.batch_size,
         "batching.sortWindow": spec.batching.sort_window,
         "sink.table": spec.sink.table,
         "sink.collection": spec.sink.collection,

@@ -176,6 +176,7 @@ class RunSummary:
     reason: str | None = None
     error: str | None = None
     counters: RunCounters | None = None  # the run row's counters; None when the run was refused
+    batching: str = ""  # the batch size and token budget the job ran with (str(spec.chosen_batching))
     batches_skipped: int = 0
     records_truncated: int = 0
     retries: int = 0

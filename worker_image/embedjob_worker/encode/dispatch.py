@@ -152,7 +152,7 @@ class Dispatcher:
 
     def _passes(self, batch: Batch) -> int:
         """Forward passes of batchSize chunks the batch takes: more than one only for a record of more chunks."""
-        return max(1, -(-len(chunk_owners(batch.records)) // self.spec.batching.batch_size))
+        return max(1, -(-len(chunk_owners(batch.records)) // self.spec.chosen_batching.batch_size))
 
     def _submit(self, attempt: Attempt) -> None:
         actors = self.actors
@@ -161,8 +161,8 @@ class Dispatcher:
         attempt.worker = actors.actor_name(attempt.slot)
         attempt.started_at, attempt.submitted = now(), time.monotonic()
         actors.outstanding[attempt.slot] += 1
-        batching, batch = self.spec.batching, attempt.batch
-        args = (batch.batch_id, batch.texts, batch.encode_batch_size(batching.batch_size, batching.max_tokens))
+        chosen, batch = self.spec.chosen_batching, attempt.batch
+        args = (batch.batch_id, batch.texts, batch.encode_batch_size(chosen.batch_size, chosen.max_tokens))
         if self._vectors_apart:
             ref, attempt.vectors = attempt.actor.embed_apart.options(num_returns=2).remote(*args)
         else:

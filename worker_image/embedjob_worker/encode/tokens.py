@@ -72,14 +72,16 @@ class TokenCounter:
 
 def token_budget(max_tokens: int | None, resolved: ResolvedModel, limit: int | None,
                  tokenizer=None) -> TokenBudget | None:
-    """The job's token budget (None without spec.batching.maxTokens); `limit` is the model's
+    """The job's token budget (None: fixed batches; spec.chosen_batching's max_tokens); `limit` is the model's
     token limit (model_token_limit; None: the tokenizer's). `tokenizer`: one already loaded."""
     if max_tokens is None:
         return None
     try:
         return TokenBudget(max_tokens, TokenCounter(resolved, limit, tokenizer))
     except (OSError, ValueError) as exc:
-        raise _no_tokenizer("spec.batching.maxTokens", exc) from None
+        # The budget may be the default one, which the user never asked for: say how to go without it.
+        raise _no_tokenizer("spec.batching.maxTokens (set, or the default budget; batchSize alone: fixed batches, "
+                            "no tokenizer)", exc) from None
 
 
 def _no_tokenizer(field: str, exc: Exception) -> JobFailed:

@@ -36,7 +36,8 @@ class FeedPlan:
     uri: str  # the input (files.resolve_uri; a table source's table.table_uri)
     key: str  # batch ids derive from it (batching.batch_key)
     source_database_url: str | None = None  # where a table source is read
-    budget: TokenBudget | None = None  # spec.batching.maxTokens: batches cut by padded tokens instead of by count
+    # spec.chosen_batching.max_tokens: batches cut by padded tokens instead of by count
+    budget: TokenBudget | None = None
     # spec.chunking: each record cut into chunks, and batches hold whole records' chunks
     chunker: Callable[[list[str]], list[tuple[Span, ...]]] | None = None
     files: tuple[InputSnapshot, ...] = ()  # a dataset's files as the run listed them (dataset.DatasetSnapshot)
@@ -82,11 +83,11 @@ def batches_to_embed(plan: FeedPlan, skips: FeedSkips, tally: RunTally, metrics:
             on_bad_records(list(bad))
             bad.clear()
 
-    batching, done_before, to_embed = plan.spec.batching, skips.done_before, skips.to_embed
+    chosen, done_before, to_embed = plan.spec.chosen_batching, skips.done_before, skips.to_embed
     raw = source_records(plan.spec.source, plan.uri, plan.source_database_url, plan.files)
     total = 0
     try:
-        for group in lookup_groups(make_batches(valid(raw), batching.batch_size, batching.sort_window, plan.key,
+        for group in lookup_groups(make_batches(valid(raw), chosen.batch_size, plan.spec.batching.sort_window, plan.key,
                                                 plan.budget, plan.chunker)):
             hand_over_bad()
             total += len(group)

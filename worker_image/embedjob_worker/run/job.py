@@ -85,7 +85,7 @@ class JobRun:
         self.metrics = options.metrics or DriverMetrics()
         self.tally = RunTally()
         self.started = time.monotonic()
-        self.summary = RunSummary(run_id=None, state="running")
+        self.summary = RunSummary(run_id=None, state="running", batching=str(config.spec.chosen_batching))
         self.engine = open_engine(database_url)
         self.target = SinkTarget.of_job(config)  # its schema once the database answers (run)
         self.runs = JobRuns(self.engine, self.target, config.name, config.namespace)
@@ -105,7 +105,8 @@ class JobRun:
             run, resolved = started.start.run, started.resolved
             self.summary.run_id = run.run_id
             log_event(log, "run_started", job=self.config.job_key, run=run.run_id, resumed=started.start.resumed,
-                      model=resolved.name, revision=resolved.revision, source=started.uri)
+                      model=resolved.name, revision=resolved.revision, source=started.uri,
+                      batching=self.summary.batching)
             failure = self._load(started)
             finish_run(self.runs, run, failure, self.tally, self.summary, time.monotonic() - self.started)
             self._report()

@@ -31,7 +31,7 @@ class StartedRun:
     resolved: ResolvedModel
     uri: str  # where the input is read (a table source's: table_uri)
     key: str  # batch ids derive from it: the input's and the config's fingerprints (batching.batch_key)
-    budget: TokenBudget | None  # spec.batching.maxTokens
+    budget: TokenBudget | None  # spec.batching.maxTokens, or its default (spec.chosen_batching)
     chunker: Chunker | None  # spec.chunking
     files: tuple[InputSnapshot, ...]  # a dataset's files as listed at the start (empty: one file, or a table)
 
@@ -93,10 +93,10 @@ def _token_plan(config: JobConfig, resolved: ResolvedModel) -> tuple[TokenBudget
     """The token budget and the chunker the spec asks for (one tokenizer for both); JobFailed when the model
     cannot take them."""
     spec, limit = config.spec, model_token_limit(resolved)
+    max_tokens = spec.chosen_batching.max_tokens
     try:
-        tokenizer = (load_tokenizer(resolved) if spec.batching.max_tokens is not None and spec.chunking is not None
-                     else None)
-        return (token_budget(spec.batching.max_tokens, resolved, limit, tokenizer),
+        tokenizer = load_tokenizer(resolved) if max_tokens is not None and spec.chunking is not None else None
+        return (token_budget(max_tokens, resolved, limit, tokenizer),
                 chunker_for(spec.chunking, resolved, limit, tokenizer))
     except (OSError, ValueError) as exc:
         raise JobFailed("ModelUnavailable", f"spec.model: the tokenizer: {type(exc).__name__}: {exc}") from None
