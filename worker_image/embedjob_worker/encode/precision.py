@@ -72,4 +72,5 @@ def checked_precision(actor, precision: str, min_cosine: float, batches: Iterato
     failure = verdict(check, precision, min_cosine)
     if failure is not None:
         raise failure
+    tally.start_embedding()  # texts per second count the batches, not the check before them
     return batches
