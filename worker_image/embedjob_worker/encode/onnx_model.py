@@ -58,8 +58,8 @@ class OnnxSentenceModel:
         options = onnxruntime.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
-        # Its threads sleep between runs instead of spinning: spinning took the CPU the driver, the writes and
-        # PostgreSQL need beside the actor (through the driver, int8 ran at 0.6x torch with it).
+        # Its threads sleep between runs instead of spinning (ONNX Runtime's default): an actor shares its node's
+        # cores with the driver, the writers and PostgreSQL, which a spinning thread would take from them.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         # Quiet: the session's optimizer warnings are not the job's concern.
         options.log_severity_level = 3
