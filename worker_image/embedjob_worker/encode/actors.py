@@ -104,11 +104,9 @@ class EmbeddingWorker:
         """The cosines between this model's vectors of `texts` and the same model's in float32 torch, loaded on
         this actor's device for the check and dropped after it."""
         reference = load_model(float32_reference(self.resolved), self.device)
-        expected = reference.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True,
-                                    show_progress_bar=False)
+        expected, found = (model.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True,
+                                        show_progress_bar=False) for model in (reference, self.model))
         del reference
-        found, _ = self._encode(texts, 32)
-        found /= np.maximum(np.linalg.norm(found, axis=1, keepdims=True), 1e-12)
         cosines = (found * expected).sum(axis=1)
         return PrecisionCheck(len(texts), round(float(cosines.mean()), 6), round(float(cosines.min()), 6))
 
