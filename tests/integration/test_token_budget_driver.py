@@ -18,7 +18,8 @@ from embedjob_worker.core.records import Record
 from embedjob_worker.plan.checks import classify_records
 from embedjob_worker.run.job import DriverOptions, run_job
 from embedjob_worker.source.files import read_records
-from embedjob_worker.encode.tokens import TokenCounter, token_budget
+from embedjob_worker.encode.tokenizer_cache import KeptTokenizer
+from embedjob_worker.encode.tokens import TokenCounter, load_tokenizer, token_budget
 
 pytestmark = pytest.mark.slow
 MODEL_LIMIT = 256  # the packaged all-MiniLM-L6-v2's max_seq_length
@@ -76,14 +77,19 @@ def test_a_spec_without_batch_size_or_max_tokens_gets_the_cpu_budget(ray_address
     assert Counter(r.records for r in written) == Counter(len(b.records) for b in planned)
 
 
-def test_the_driver_counts_tokens_as_the_model_truncates_them():
+def test_the_driver_counts_tokens_as_the_model_truncates_them_by_the_tokenizer_built_or_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache: the first load builds, the second reads
     texts = [json.loads(line)["text"] for line in corpus_lines(0, 200)] + [" padded  " * 400]
     resolved = resolve_model(JobConfig.from_manifest(manifest("x.jsonl", "t")).spec.model)
-    counts = TokenCounter(resolved, MODEL_LIMIT)(texts)
+    built, kept = load_tokenizer(resolved), load_tokenizer(resolved)
+    assert not isinstance(built, KeptTokenizer) and isinstance(kept, KeptTokenizer)
+    assert kept.model_max_length == built.model_max_length
     model = load_model(resolved, device="cpu")
     features = getattr(model, "preprocess", model.tokenize)(texts)  # what encode pads: `tokenize` before 5.x
-    assert counts == features["attention_mask"].sum(dim=1).tolist()
-    assert max(counts) == MODEL_LIMIT
+    for tokenizer in (built, kept):
+        counts = TokenCounter(resolved, MODEL_LIMIT, tokenizer)(texts)
+        assert counts == features["attention_mask"].sum(dim=1).tolist()
+        assert max(counts) == MODEL_LIMIT
 
 
 def test_an_out_of_memory_budget_batch_is_split_and_still_succeeds(ray_address, database_url, tmp_path):
@@ -96,7 +102,7 @@ def test_an_out_of_memory_budget_batch_is_split_and_still_succeeds(ray_address, 
 
 
 def test_a_crashed_budget_run_resumes_skipping_the_batches_it_wrote(ray_address, database_url, tmp_path):
-    source = write_input(tmp_path / "crash.jsonl", corpus_lines(2800, 640))
+    source = write_input(tmp_path / "crash.jsonl", corpus_lines(2800, 320))
     spec = budget_manifest(source, "budget-crash", max_tokens=1024, batch_size=64, max_in_flight=2)
     committed, dispatched = kill_driver_after(spec, database_url, ray_address, tmp_path / "driver.log", batches=4,
                                               timeout=300)

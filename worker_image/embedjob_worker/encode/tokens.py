@@ -14,8 +14,10 @@ from embedjob.api import Chunking
 
 from embedjob_worker.plan.batching import TokenBudget
 from embedjob_worker.plan.chunking import Chunker
+from embedjob_worker.plan.counting import TokenCount
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.encode.model import ResolvedModel
+from embedjob_worker.encode.tokenizer_cache import keep_tokenizer, kept_tokenizer, tokenizer_entry
 
 # A model whose tokenizer states no limit (model_max_length is then a huge number) gets no default chunk size.
 _LARGEST_DEFAULT_CHUNK = 8192
@@ -50,20 +52,37 @@ def model_token_limit(resolved: ResolvedModel) -> int | None:
 
 
 def load_tokenizer(resolved: ResolvedModel):
-    """The model's tokenizer (transformers' AutoTokenizer), without the weights."""
+    """The model's tokenizer, without the weights: as kept by an earlier start on this machine
+    (encode.tokenizer_cache), else built by transformers' AutoTokenizer (and kept)."""
+    location = tokenizer_location(resolved.location)
+    entry = tokenizer_entry(location, resolved.hub_revision)  # the folder's files read once, for both ways
+    kept = kept_tokenizer(entry) if entry is not None else None
+    if kept is not None:
+        return kept
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(tokenizer_location(resolved.location), revision=resolved.hub_revision)
+    tokenizer = AutoTokenizer.from_pretrained(location, revision=resolved.hub_revision)
+    if entry is not None:
+        keep_tokenizer(entry, tokenizer)
+    return tokenizer
 
 
 class TokenCounter:
-    """Callable: texts -> their token counts, each at most `limit`."""
+    """Callable: texts -> their token counts, each at most `limit`: by the fast tokenizer's Rust backend
+    (plan.counting.TokenCount), else (a tokenizer without one) by the transformers tokenizer's own call."""
 
     def __init__(self, resolved: ResolvedModel, limit: int | None, tokenizer=None):
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(resolved)
         self.limit = limit or self.tokenizer.model_max_length
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        self.fast = TokenCount(backend, self.limit) if backend is not None else None
 
     def __call__(self, texts: list[str]) -> list[int]:
+        """Each text stripped as sentence-transformers strips it, counted with the special tokens."""
+        return self.fast([t.strip() for t in texts]) if self.fast is not None else self.called(texts)
+
+    def called(self, texts: list[str]) -> list[int]:
+        """The counts by the transformers tokenizer's call, as the model's forward pass tokenizes (stripped)."""
         encoded = self.tokenizer([t.strip() for t in texts], add_special_tokens=True, truncation=True,
                                  max_length=self.limit, return_attention_mask=False, return_token_type_ids=False,
                                  verbose=False)["input_ids"]

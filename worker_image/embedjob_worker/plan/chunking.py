@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from embedjob_worker.core.records import Span
+from embedjob_worker.plan.counting import TokenCount
 
 _ZWJ = "\u200d"
 
@@ -111,32 +112,33 @@ class Chunker:
     """Callable: texts -> their chunks (chunk_spans), by a `tokenizers.Tokenizer` (the model's own)."""
 
     def __init__(self, tokenizer: Any, max_tokens: int, overlap: int):
-        # A copy: the model's tokenizer may come with truncation or padding switched on.
-        self.tokenizer = type(tokenizer).from_str(tokenizer.to_str())
-        self.tokenizer.no_truncation()
-        self.tokenizer.no_padding()
+        self.counter = TokenCount(tokenizer, None)
+        self.tokenizer = self.counter.tokenizer  # a copy that neither truncates nor pads
         self.max_tokens, self.overlap = max_tokens, overlap
-        self.specials = len(self.tokenizer.encode("", add_special_tokens=True).ids)
+        self.specials = self.counter.specials
         if max_tokens - self.specials - overlap < 1:
             raise ValueError(f"maxTokens {max_tokens} leaves {max_tokens - self.specials} tokens besides the model's "
                              f"{self.specials} special ones: not more than overlapTokens {overlap}")
 
     def count(self, text: str) -> int:
         """The tokens the model sees in `text`: stripped as sentence-transformers strips it, special ones included."""
-        return len(self.tokenizer.encode(text.strip(), add_special_tokens=True).ids)
+        return self.counter([text.strip()])[0]
 
     def __call__(self, texts: list[str]) -> list[tuple[Span, ...]]:
-        """Each text's chunks: planned from one batch of tokens, then every chunk of a text cut in more than
-        one counted in one more batch; a text with a chunk over maxTokens is planned again, counting each."""
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
-        chunks = [chunk_spans(text, enc.offsets, enc.word_ids, self.max_tokens, self.specials, self.overlap, None)
-                  for text, enc in zip(texts, encodings)]
-        cut = [(k, span) for k, spans in enumerate(chunks) if len(spans) > 1 for span in spans]
-        counted = self.tokenizer.encode_batch([texts[k][s.start : s.end].strip() for k, s in cut],
-                                              add_special_tokens=True)
+        """Each text's chunks: a text within maxTokens is one chunk (counted only); a longer one is planned from
+        its tokens' offsets, then its chunks counted; one with a chunk over maxTokens is planned again, counting
+        each."""
+        chunks = [(Span(0, len(text), tokens),) for text, tokens in zip(texts, self.counter(texts))]
+        long = [k for k, (span,) in enumerate(chunks) if span.tokens > self.max_tokens]
+        encodings = dict(zip(long, self.tokenizer.encode_batch([texts[k] for k in long], add_special_tokens=False)))
+        for k, enc in encodings.items():
+            chunks[k] = chunk_spans(texts[k], enc.offsets, enc.word_ids, self.max_tokens, self.specials,
+                                    self.overlap, None)
+        cut = [(k, span) for k in long for span in chunks[k]]
+        counted = self.counter([texts[k][s.start : s.end].strip() for k, s in cut])
         recounted: dict[int, list[Span]] = {}
-        for (k, span), encoding in zip(cut, counted):
-            recounted.setdefault(k, []).append(Span(span.start, span.end, len(encoding.ids)))
+        for (k, span), tokens in zip(cut, counted):
+            recounted.setdefault(k, []).append(Span(span.start, span.end, tokens))
         for k, spans in recounted.items():
             if max(s.tokens for s in spans) <= self.max_tokens:
                 chunks[k] = tuple(spans)
