@@ -112,7 +112,7 @@ def test_a_worker_with_another_model_revision_is_rejected(ray_address, database_
 
 
 def test_killing_an_actor_mid_job_loses_and_duplicates_nothing(ray_address, database_url, tmp_path):
-    source = write_input(tmp_path / "kill-actor.jsonl", corpus_lines(2300, 480))
+    source = write_input(tmp_path / "kill-actor.jsonl", corpus_lines(2300, 240))
     job = JobConfig.from_manifest(manifest(source, "killactor", batch_size=16))
     outcome = {}
     driver = threading.Thread(target=lambda: outcome.update(summary=run_job(job, database_url)))
@@ -123,19 +123,19 @@ def test_killing_an_actor_mid_job_loses_and_duplicates_nothing(ray_address, data
     summary = outcome["summary"]
     assert summary.state == "succeeded", summary.error
     assert summary.retries >= 1
-    assert query(database_url, "SELECT count(*), count(DISTINCT record_id) FROM embeddings")[0] == (480, 480)
+    assert query(database_url, "SELECT count(*), count(DISTINCT record_id) FROM embeddings")[0] == (240, 240)
     retried = query(database_url, "SELECT batch_id, reason FROM embedjob_batch_attempts WHERE outcome = 'retry'")
     assert retried and all(r.reason.startswith("ActorDied") for r in retried)
     # Each retried batch then succeeded exactly once, on the replacement actor.
     for batch_id, _ in retried:
         assert query(database_url, "SELECT outcome FROM embedjob_batch_attempts WHERE batch_id = :b"
                      " AND outcome = 'succeeded'", b=batch_id) == [("succeeded",)]
-    assert query(database_url, "SELECT count(*) FROM embedjob_batches WHERE state = 'succeeded'")[0][0] == 30
+    assert query(database_url, "SELECT count(*) FROM embedjob_batches WHERE state = 'succeeded'")[0][0] == 15
 
 
 def test_killing_the_driver_mid_job_loses_at_most_the_batches_in_flight(ray_address, database_url, tmp_path):
     max_in_flight = 4
-    source = write_input(tmp_path / "kill-driver.jsonl", corpus_lines(2800, 640))
+    source = write_input(tmp_path / "kill-driver.jsonl", corpus_lines(2800, 320))
     spec = manifest(source, "killdriver", batch_size=16, max_in_flight=max_in_flight)
     committed, dispatched = kill_driver_after(spec, database_url, ray_address, tmp_path / "driver.log", batches=5)
     assert committed <= dispatched
@@ -143,6 +143,6 @@ def test_killing_the_driver_mid_job_loses_at_most_the_batches_in_flight(ray_addr
 
     # No batch was written twice: one succeeded attempt per batch across both runs.
     assert_resumed_exactly(run_job(JobConfig.from_manifest(spec), database_url), committed, database_url,
-                           records=640, batches=40)
+                           records=320, batches=20)
     run = query(database_url, "SELECT state, batches_succeeded, records_embedded FROM embedjob_runs")
-    assert run == [("succeeded", 40, 640)]
+    assert run == [("succeeded", 20, 320)]

@@ -88,7 +88,7 @@ def test_postgres_restarted_mid_write_loses_and_duplicates_nothing(ray_address, 
     source, the reader's (before issue 27 item 6, its named cursor died with it: SourceUnreadable)."""
     caplog.set_level(logging.INFO, logger="embedjob_worker")
     url = fresh_database(own_postgres, f"restart_{source_kind}")
-    max_in_flight, records = 4, 640
+    max_in_flight, records = 4, 320
     lines = corpus_lines(5000, records)
     spec = manifest(tmp_path / "restart.jsonl", f"pgrestart-{source_kind}", batch_size=16, max_in_flight=max_in_flight)
     if source_kind == "file":
@@ -119,20 +119,20 @@ def test_postgres_restarted_mid_write_loses_and_duplicates_nothing(ray_address, 
         driver.join(timeout=600)
     summary = outcome["summary"]
     assert summary.state == "succeeded", (summary.reason, summary.error)
-    assert before < 40, "the restart came too late to be mid-run"
+    assert before < 20, "the restart came too late to be mid-run"
     batches = len({r.fields["batch"] for r in caplog.records if r.getMessage() == "batch_dispatched"})
     dispatches = sum(1 for r in caplog.records if r.getMessage() == "batch_dispatched")
-    assert batches == 40 and dispatches - batches <= max_in_flight  # batches embedded again
+    assert batches == 20 and dispatches - batches <= max_in_flight  # batches embedded again
     stored = query(url, "SELECT count(*), count(DISTINCT record_id) FROM embeddings")[0]
     assert tuple(stored) == (len(expected), len(expected))  # 0 lost, 0 duplicated
     assert {r.record_id for r in query(url, "SELECT record_id FROM embeddings")} == expected
     per_batch = query(url, "SELECT batch_id, count(*) FROM embedjob_batch_attempts WHERE outcome = 'succeeded' "
                            "GROUP BY 1")
-    assert len(per_batch) == 40 and all(count == 1 for _, count in per_batch)
+    assert len(per_batch) == 20 and all(count == 1 for _, count in per_batch)
     # The writes the restart cut off were retried, and the retries recorded with their batches.
     retried = query(url, "SELECT reason FROM embedjob_batch_attempts WHERE outcome = 'retry'")
     assert query(url, "SELECT state, batches_succeeded, records_embedded FROM embedjob_runs") == [
-        ("succeeded", 40, len(expected))]
+        ("succeeded", 20, len(expected))]
     assert retried and all(r.reason.startswith("DatabaseWriteFailed") for r in retried), retried
     reconnects = [r for r in caplog.records if r.getMessage() == "source_reconnecting"]
     assert bool(reconnects) == (source_kind == "table")  # the reader's session was cut mid-read, and came back

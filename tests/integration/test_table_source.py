@@ -136,12 +136,12 @@ def test_a_filtered_table_in_another_database_syncs_its_own_rows(ray_address, da
 @pytest.mark.parametrize("writers", [0, 2])  # the driver's writer thread, writer actors
 def test_killing_the_driver_mid_table_resumes_like_a_file_source(ray_address, database_url, tmp_path, writers):
     max_in_flight = 4
-    create_docs(database_url, 2800, 640)
+    create_docs(database_url, 2800, 320)
     spec = table_manifest("killtable", batch_size=16, max_in_flight=max_in_flight)
     spec["spec"]["sink"]["writers"] = writers
     kill_driver_after(spec, database_url, ray_address, tmp_path / "driver.log", batches=5)
     written = {r[0] for r in query(database_url, "SELECT record_id FROM embeddings")}
-    assert 0 < len(written) < 640
+    assert 0 < len(written) < 320
     # Between the sessions the table changes: a row before all others (every position moves) and a
     # row already written gets a new text.
     revised = min(written, key=int)
@@ -150,16 +150,16 @@ def test_killing_the_driver_mid_table_resumes_like_a_file_source(ray_address, da
 
     summary = run_job(JobConfig.from_manifest(spec), database_url)
     assert summary.state == "succeeded", summary.error
-    assert query(database_url, "SELECT count(*), count(DISTINCT record_id) FROM embeddings")[0] == (641, 641)
+    assert query(database_url, "SELECT count(*), count(DISTINCT record_id) FROM embeddings")[0] == (321, 321)
     assert query(database_url, "SELECT text FROM embeddings WHERE record_id = :r", r=revised)[0][0].endswith(
         " (revised)")
     # What the first session wrote went to the model again only where it changed: one succeeded attempt
     # per batch, and the second session's batches held the rest, the inserted row and the revised one.
     assert set(succeeded_attempts(database_url).values()) == {1}
-    assert query(database_url, "SELECT sum(records) FROM embedjob_batches WHERE state = 'succeeded'")[0][0] == 642
+    assert query(database_url, "SELECT sum(records) FROM embedjob_batches WHERE state = 'succeeded'")[0][0] == 322
     run = query(database_url, "SELECT run_id, state, records_embedded, records_new, records_changed,"
                 " records_unchanged, records_failed FROM embedjob_runs")
-    assert run == [(summary.run_id, "succeeded", 641, 641, 1, 0, 0)]  # one run, resumed; each row counted once
+    assert run == [(summary.run_id, "succeeded", 321, 321, 1, 0, 0)]  # one run, resumed; each row counted once
 
 def test_the_table_sync_example_runs_and_resyncs_with_the_real_cli(database_url):
     """examples/table-sync.yaml as written: its table filled with the PEP sample, `embedjob run` twice."""

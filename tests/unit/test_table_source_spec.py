@@ -5,7 +5,8 @@ import pytest
 
 from embedjob.api import SourceTable, SpecError, TableFilter, parse_spec
 from embedjob_worker.source.table import (
-    SESSION_BOUNDS, UnsafeTableSpec, check_table, last_group_start, sorts_equal_ids_together, table_queries, table_snapshot,
+    UnsafeTableSpec, check_table, last_group_start, session_bounds, sorts_equal_ids_together, table_queries,
+    table_snapshot,
 )
 
 HOSTILE_IDENTIFIERS = ['docs"; DROP TABLE embeddings; --', "docs; select 1", "x" * 64, "1docs", "a b", "dócs",
@@ -147,7 +148,7 @@ def test_only_types_whose_order_keeps_equal_ids_together_skip_the_claims(type_na
 
 
 def test_the_source_session_bounds_statements_and_lock_waits_as_the_driver_engine_does():
-    assert SESSION_BOUNDS == {"statement_timeout": "300s", "lock_timeout": "60s"}
+    assert session_bounds() == {"statement_timeout": "300s", "lock_timeout": "60s"}
 
 
 def test_a_page_is_cut_before_its_last_group_of_equal_ids():

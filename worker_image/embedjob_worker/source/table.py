@@ -82,8 +82,10 @@ class SourceWaitExceeded(ValueError):
     """A read of the table that waited past the source session's lock or statement timeout; says which."""
 
 
-# The source session's bounds (module docstring); set after connecting, since poolers drop startup options.
-SESSION_BOUNDS = {"statement_timeout": f"{STATEMENT_TIMEOUT_S}s", "lock_timeout": f"{LOCK_TIMEOUT_S}s"}
+def session_bounds() -> dict[str, str]:
+    """The source session's bounds (module docstring); set after connecting, since poolers drop startup options.
+    Read when a session starts, from the same names its messages quote."""
+    return {"statement_timeout": f"{STATEMENT_TIMEOUT_S}s", "lock_timeout": f"{LOCK_TIMEOUT_S}s"}
 
 
 def _identifier(value: str, field: str) -> sql.Identifier:
@@ -260,7 +262,7 @@ class _SourceSession:
         if self._conn is None:
             conn = psycopg.connect(libpq_url(self._url), connect_timeout=10, application_name="embedjob-source")
             conn.read_only = True
-            for name, value in SESSION_BOUNDS.items():
+            for name, value in session_bounds().items():
                 conn.execute("SELECT set_config(%s, %s, false)", (name, value))
             conn.commit()  # a session setting made in a transaction lasts only once that commits
             self._conn = conn
