@@ -6,10 +6,12 @@ moto's S3 server (`moto[server]`, started here on loopback, as the tests start i
 round reads each format's parts from both places as one dataset, the way a run with a prefix
 for its source does: the snapshot (the listing with each object's ETag; a local file's
 sha256) and then every part through `read_dataset`, one after the other, each checked
-against its snapshot first. No model, no Ray, no sink. moto's server is
-a Python (Werkzeug) process on the same two cores, so the S3 figures are a pessimistic
-stand-in for a real store's; "bytes only" fetches the same objects whole with botocore and
-parses nothing, the most the server allows.
+against its snapshot first. S3's parts are read twice: as a run reads them (fetched whole by
+obstore, source/s3_objects.py) and through s3fs alone (what a run did before, and does when
+obstore cannot reach the store). No model, no Ray, no sink. moto's server is a Python
+(Werkzeug) process on the same two cores, so the S3 figures are a pessimistic stand-in for a
+real store's; "bytes only" fetches the same objects whole with botocore and parses nothing,
+the most the server allows.
 
     python bench/object_store_read.py [--records 100000] [--parts 20] [--rounds 3] [--corpus PATH]
         [--moto-python PATH] [--server-cpu N]
@@ -82,6 +84,7 @@ def main() -> None:
 
     import botocore.session
 
+    from embedjob_worker.source import dataset
     from embedjob_worker.source.dataset import dataset_snapshot
     from embedjob_worker.source.files import read_dataset
 
@@ -106,15 +109,18 @@ def main() -> None:
             (local / f"part-{number:05}.{fmt}").write_bytes(data)
             client.put_object(Bucket="bench", Key=f"corpus/part-{number:05}.{fmt}", Body=data)
         uris[f"{fmt} local"] = f"{local}/"
-        uris[f"{fmt} s3"] = "s3://bench/corpus/"
+        uris[f"{fmt} s3"] = uris[f"{fmt} s3 through s3fs"] = "s3://bench/corpus/"
     print(f"{args.records} records in {len(parts)} parts, {args.rounds} rounds, S3: moto at {endpoint}")
 
-    def reading(name: str):
+    fast_fetch = dataset.fetched_object
+
+    def reading(name: str, uri: str):
         fmt = name.split()[0]
 
         def records_per_second() -> float:
+            dataset.fetched_object = (lambda part: None) if name.endswith("s3fs") else fast_fetch
             started = time.perf_counter()
-            files = dataset_snapshot(uris[name], fmt).files
+            files = dataset_snapshot(uri, fmt).files
             assert len(files) == len(parts), files
             count = sum(1 for _ in read_dataset(files, fmt, "id", "text"))
             assert count == args.records, count
@@ -131,12 +137,14 @@ def main() -> None:
         return records_per_second
 
     try:
-        results = run_rounds({**{name: reading(name) for name in uris},
+        results = run_rounds({**{name: reading(name, uri) for name, uri in uris.items()},
                               **{f"{fmt} s3 bytes only": fetching(fmt) for fmt in FORMATS}}, rounds=args.rounds)
     finally:
         server.terminate()
     print(report(results, unit="records/s", ratios={
         **{f"{fmt} s3 / local": ratio(results, f"{fmt} s3", f"{fmt} local") for fmt in FORMATS},
+        **{f"{fmt} s3 through s3fs / local": ratio(results, f"{fmt} s3 through s3fs", f"{fmt} local")
+           for fmt in FORMATS},
         **{f"{fmt} s3 / s3 bytes only": ratio(results, f"{fmt} s3", f"{fmt} s3 bytes only") for fmt in FORMATS}}))
 
 

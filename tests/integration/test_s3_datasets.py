@@ -8,6 +8,7 @@ import pytest
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.run.job import run_job
+from embedjob_worker.source import dataset, s3_objects
 from embedjob_worker.source.dataset import dataset_snapshot
 from embedjob_worker.source.files import read_dataset
 from support.driver_crash import assert_resumed_exactly, kill_driver_after
@@ -82,6 +83,33 @@ def test_a_part_replaced_after_the_listing_stops_the_read_naming_it(s3_env):
     assert failure.value.reason == "InputChanged"
     print(failure.value)
     assert f"s3://{bucket}/{keys[5]} changed after the run listed the dataset's files (it was ETag:" in str(failure.value)
+
+
+def test_parts_are_fetched_by_obstore_with_botocores_credentials_and_a_refused_store_falls_back_to_s3fs(
+        s3_env, monkeypatch):
+    server, bucket = s3_env
+    records = corpus_records(40, start=300)
+    upload_parts(server, bucket, records)
+    snapshot = dataset_snapshot(f"s3://{bucket}/corpus/", "jsonl")
+    expected = [(n, r["id"]) for n, r in enumerate(records)]
+    with monkeypatch.context() as without_fsspec:  # every part by obstore's one GET: fsspec's opening never asked
+        without_fsspec.setattr(dataset, "opened_as_listed", lambda part: pytest.fail(f"{part.uri} read by fsspec"))
+        assert [(r.position, r.id) for r in read_dataset(snapshot.files, "jsonl", "id", "text")] == expected
+
+    from obstore.store import S3Store
+
+    refused = S3Store(bucket, endpoint=server.endpoint, region="us-east-1", access_key_id="AKIDREFUSED",
+                      secret_access_key="refused-secret-Zq81", client_options={"allow_http": True})
+    monkeypatch.setattr(s3_objects, "_stores", {})
+    monkeypatch.setattr(s3_objects, "_new_store", lambda name: refused)
+    opened, logged, real_opened = [], [], dataset.opened_as_listed
+    monkeypatch.setattr(dataset, "opened_as_listed", lambda part: opened.append(part.uri) or real_opened(part))
+    monkeypatch.setattr(s3_objects, "log_event", lambda logger, event, level, **fields: logged.append((event, fields)))
+    assert [(r.position, r.id) for r in read_dataset(snapshot.files, "jsonl", "id", "text")] == expected
+    assert opened == [part.uri for part in snapshot.files]  # the store refused obstore's first request: s3fs read all
+    assert [(event, fields["bucket"]) for event, fields in logged] == [("s3_objects_through_fsspec", bucket)]  # once
+    assert "refused-secret" not in str(logged)
+
 
 
 def test_a_parquet_glob_reads_only_its_columns_and_nothing_matched_is_source_unavailable(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from embedjob_worker.source.dataset import is_dataset
 from embedjob_worker.source.files import read_records
 from embedjob_worker.source.snapshot import input_snapshot
 from support.cli import EMBEDJOB, manifest, run
@@ -37,6 +38,15 @@ def test_an_s3_object_is_known_by_its_etag_the_same_bytes_uploaded_again_are_the
     server.client().put_object(Bucket=bucket, Key="in.jsonl", Body=encoded(corpus_records(11), "jsonl"))
     changed = input_snapshot(uri)
     assert first.content.startswith("ETag:") and first.fingerprint == again.fingerprint != changed.fingerprint
+
+
+def test_an_s3_key_that_holds_glob_characters_is_that_one_object(s3_env):
+    server, bucket = s3_env
+    data = encoded(corpus_records(6), "jsonl")
+    server.client().put_object(Bucket=bucket, Key="notes [draft]?.jsonl", Body=data)
+    uri = f"s3://{bucket}/notes [draft]?.jsonl"
+    assert not is_dataset(uri) and input_snapshot(uri).size == len(data)
+    assert [r.id for r in read_records(uri, "jsonl", "id", "text")] == [r["id"] for r in corpus_records(6)]
 
 
 def write_job(tmp_path, uri: str):

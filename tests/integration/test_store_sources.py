@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from embedjob_worker.core.errors import JobFailed
-from embedjob_worker.source.dataset import dataset_snapshot
+from embedjob_worker.source.dataset import dataset_snapshot, is_dataset
 from embedjob_worker.source.files import read_dataset, read_records
 from embedjob_worker.source.snapshot import input_snapshot
 from embedjob_worker.source.unavailable import store_unavailable
@@ -137,12 +137,22 @@ def test_a_jsonl_file_on_a_web_server_reads_and_a_missing_one_is_source_unavaila
     url, folder = http_files
     records = corpus_records(30)
     (folder / "in.jsonl").write_bytes(encoded(records, "jsonl"))
-    read = list(read_records(f"{url}/in.jsonl", "jsonl", "id", "text"))
-    assert [r.id for r in read] == [r["id"] for r in records] and input_snapshot(f"{url}/in.jsonl").size > 0
+    for address in (f"{url}/in.jsonl", f"{url}/in.jsonl?X-Amz-Signature=0f1e&X-Amz-Expires=60"):  # a presigned URL
+        assert not is_dataset(address)
+        read = list(read_records(address, "jsonl", "id", "text"))
+        assert [r.id for r in read] == [r["id"] for r in records] and input_snapshot(address).size > 0
     with pytest.raises(OSError) as raised:
         input_snapshot(f"{url}/nothing-here.jsonl")
     message = failure_line(f"{url}/nothing-here.jsonl", raised.value)
     assert message.startswith(f"SourceUnavailable: spec.source {url}/nothing-here.jsonl: FileNotFoundError"), message
+
+
+def test_an_object_whose_key_holds_glob_characters_is_that_one_object(store):
+    records = corpus_records(4, start=7000)
+    store.put("notes [draft]*.jsonl", encoded(records, "jsonl"))
+    uri = store.uri("notes [draft]*.jsonl")
+    assert not is_dataset(uri) and input_snapshot(uri).size == len(encoded(records, "jsonl"))
+    assert [r.id for r in read_records(uri, "jsonl", "id", "text")] == [r["id"] for r in records]
 
 
 def test_a_prefix_and_a_glob_in_a_store_read_their_parts_in_key_order_and_a_replaced_part_is_named(store):

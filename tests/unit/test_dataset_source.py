@@ -12,9 +12,9 @@ import pytest
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.records import RawRecord
 from embedjob_worker.source.dataset import (
-    dataset_changes, dataset_files, dataset_root, dataset_snapshot, is_dataset)
-from embedjob_worker.source.files import count_records, read_dataset, resolve_uri
-from embedjob_worker.source.snapshot import describe_input
+    dataset_changes, dataset_files, dataset_root, dataset_snapshot, is_dataset, is_pattern)
+from embedjob_worker.source.files import count_records, read_dataset, read_records, resolve_uri
+from embedjob_worker.source.snapshot import describe_input, input_snapshot
 
 
 def jsonl(*ids: str) -> bytes:
@@ -44,10 +44,13 @@ def ids(records: list[RawRecord]) -> list[tuple[int, str]]:
 
 def test_prefixes_and_globs_name_datasets_and_one_file_stays_one():
     for uri in ("s3://bucket/corpus/", "/data/corpus/", "gs://b/c/*.parquet", "/data/part-?.csv",
-                "az://c/p/[ab]*.jsonl", "s3://b/**/x.jsonl"):
-        assert is_dataset(uri), uri
-    for uri in ("s3://bucket/corpus/in.jsonl", "/data/in.jsonl", "file:///data/in.csv"):
-        assert not is_dataset(uri), uri
+                "az://c/p/[ab]*.jsonl", "s3://b/**/x.jsonl", "https://h/c/*.jsonl", "http://h/c/?sig=1"):
+        assert is_pattern(uri), uri
+    for uri in ("s3://bucket/corpus/in.jsonl", "/data/in.jsonl", "file:///data/in.csv",
+                "https://h/in.jsonl?X-Amz-Signature=ab&X-Amz-Expires=60", "HTTP://h/in.csv?x=[1]"):
+        assert not is_pattern(uri) and not is_dataset(uri), uri  # a web address's query is no glob
+    for uri in ("/data/nothing-here/part-?.csv", "/data/corpus/", "https://127.0.0.1:9/c/*.jsonl"):
+        assert is_dataset(uri), uri  # nothing of that exact name (a web server's is not asked)
     assert dataset_root("bucket/corpus", is_prefix=True) == "bucket/corpus"
     assert dataset_root("bucket/corpus/day=*/part-?.jsonl", is_prefix=False) == "bucket/corpus"
     assert dataset_root("bucket/*.jsonl", is_prefix=False) == "bucket"
@@ -138,6 +141,22 @@ def test_an_unreadable_file_is_named_by_itself_not_by_the_pattern(tmp_path):
     with pytest.raises(JobFailed) as failure:
         list(read_dataset(dataset_snapshot(f"{tmp_path}/", "parquet").files, "parquet", "id", "text"))
     assert failure.value.reason == "SourceUnreadable" and str(failure.value).startswith(f"reading {tmp_path}/c.parquet")
+
+
+def test_a_file_whose_name_holds_glob_characters_is_that_one_file_and_a_class_globs_around_them(tmp_path):
+    names = ["notes [draft].jsonl", "a*b?.jsonl", "run[1]/part-0.jsonl", "run[1]/part-1.jsonl", "run1/part-9.jsonl"]
+    for n, name in enumerate(names):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(jsonl(f"r{n}"))
+    for n, name in enumerate(names[:2]):
+        uri = str(tmp_path / name)
+        assert is_pattern(uri) and not is_dataset(uri)
+        assert [r.id for r in read_records(uri, "jsonl", "id", "text")] == [f"r{n}"]
+        assert input_snapshot(uri).size == len(jsonl(f"r{n}")) and count_records(uri, "jsonl") == 1
+    # a folder with such a character inside a glob: the character written as a class of its own
+    assert dataset_snapshot(f"{tmp_path}/run[[]1]/part-*.jsonl", "jsonl").keys == (
+        "run[1]/part-0.jsonl", "run[1]/part-1.jsonl")
+    assert dataset_snapshot(f"{tmp_path}/run[1]/part-*.jsonl", "jsonl").keys == ("run1/part-9.jsonl",)
 
 
 def test_a_relative_prefix_keeps_its_slash():

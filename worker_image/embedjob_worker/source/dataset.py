@@ -2,7 +2,9 @@
 
 `spec.source.uri` names a dataset when it ends in `/` (every file under the prefix, at any
 depth, whose name ends in one of the format's extensions, compressed or not) or holds a glob
-character (`*`, `?`, `[`; `**` crosses `/`): every file the pattern matches. The files are
+character (`*`, `?`, `[`; `**` crosses `/`): every file the pattern matches, unless a file of
+exactly that name exists (`data[2024].jsonl` is read as the one file it names; a folder or key
+with such a character inside a glob is written as a class: `run[[]1]/part-*.jsonl`). The files are
 read one after the other in lexical order of their keys (UTF-8 code point order, S3's listing
 order), with record positions running on across files, so the same files give the same
 batches and ids wherever they are listed from.
@@ -31,6 +33,7 @@ from fsspec.spec import AbstractBufferedFile
 from fsspec.utils import compressions
 
 from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.source.s3_objects import fetched_object
 from embedjob_worker.source.snapshot import InputSnapshot, file_snapshot
 from embedjob_worker.source.unavailable import in_a_store
 
@@ -43,9 +46,22 @@ WHOLE_FILE_BYTES = 64 << 20
 NAMED_FILES = 5
 
 
-def is_dataset(uri: str) -> bool:
-    """Whether `uri` names many files (a prefix or a glob) rather than one."""
+def is_pattern(uri: str) -> bool:
+    """Whether `uri` is written as a prefix or a glob (by its characters alone, asking no store)."""
+    if _on_the_web(uri):
+        uri = uri.split("?", 1)[0]  # a web address's `?` starts its query (a presigned URL's signature)
     return uri.endswith("/") or any(c in uri for c in GLOB_CHARACTERS)
+
+
+def is_dataset(uri: str) -> bool:
+    """Whether `uri` names many files: a prefix, or a glob that is not also the exact name of a file (asked of
+    the store, one request; an answer it cannot give leaves it a glob, whose listing then says why)."""
+    if not is_pattern(uri):
+        return False
+    if uri.endswith("/") or _on_the_web(uri):  # a web server's is refused by its listing (dataset_files)
+        return True
+    fs, path = fsspec.core.url_to_fs(uri)
+    return not fs.isfile(path)
 
 
 @dataclass(frozen=True)
@@ -76,6 +92,10 @@ def dataset_root(path: str, is_prefix: bool) -> str:
         return path.rstrip("/")
     first = min(path.index(c) for c in GLOB_CHARACTERS if c in path)
     return path[:path.rfind("/", 0, first) + 1].rstrip("/")
+
+
+def _on_the_web(uri: str) -> bool:
+    return uri.lower().startswith(("http://", "https://"))
 
 
 def _has_format_extension(path: str, fmt: str) -> bool:
@@ -146,10 +166,14 @@ def opened_as_listed(part: InputSnapshot) -> Iterator[IO[bytes]]:
 
 
 def fetched_whole(part: InputSnapshot) -> bytes | None:
-    """A store's file of at most WHOLE_FILE_BYTES, checked against its listing and read in one request; None for
-    a local or a larger file (read as it is parsed)."""
+    """A store's file of at most WHOLE_FILE_BYTES, checked against its listing and read whole (S3's by obstore,
+    s3_objects; else, or when that could not, through fsspec); None for a local or a larger file (read as it
+    is parsed)."""
     if not in_a_store(part.uri) or (part.size or 0) > WHOLE_FILE_BYTES:
         return None
+    fetched = fetched_object(part) if part.uri.startswith("s3://") else None  # one GET, off the GIL
+    if fetched is not None:
+        return fetched
     with opened_as_listed(part) as f:
         return f.read()
 
