@@ -23,7 +23,7 @@ from .api_base import DNS_LABEL, DNS_SUBDOMAIN, SecretKeyRef
 from .api_rules import LABEL_KEY, LABEL_VALUE, cel
 from .api_pod_volumes import RESERVED_ENV_PREFIX
 from .api_pods import HEAD_CONTAINER, WORKER_CONTAINER, Head, PodDefaults
-from .api_model import HALF_PRECISIONS, Model, ModelBackend, ModelPrecision
+from .api_model import HALF_PRECISIONS, Model, ModelBackend, ModelPrecision, ModelPrompt
 from .api_batching import Batching, ChosenBatching, choose_batching
 from .api_sections import ApiModel, Chunking, Retry, Source, Sync, Workers
 from .api_sink import HNSW_DEFAULT_EF_CONSTRUCTION, HNSW_DEFAULT_M, IndexType, Sink, VectorIndex
@@ -37,7 +37,7 @@ __all__ = [
     "PLURAL", "RAY_CLUSTER_SELECTOR_KEY", "RESERVED_ENV_PREFIX", "SHORT_NAMES", "SINGULAR", "SOURCE_IDENTIFIER",
     "VERSION", "WORKER_CONTAINER", "CHUNK_WITHIN_MODEL", "OVERLAP_WITHIN_MODEL",
     "ApiModel", "Batching", "ChosenBatching", "Chunking", "EmbeddingJobSpec", "Head", "IndexType", "Model",
-    "ModelBackend", "ModelPrecision", "PodDefaults", "Retry", "RunCounters", "SecretKeyRef", "Sink", "Source",
+    "ModelBackend", "ModelPrecision", "ModelPrompt", "PodDefaults", "Retry", "RunCounters", "SecretKeyRef", "Sink", "Source",
     "SourceTable", "SpecError", "Sync", "TableFilter", "VectorIndex", "Workers", "choose_batching", "parse_spec",
 ]
 

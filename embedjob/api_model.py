@@ -33,10 +33,39 @@ INT8_NEEDS_EXPORT = "precision int8 needs backend onnx or openvino (dynamic quan
 # A reduced precision whose vectors' mean cosine to float32 falls below this is refused; 0.99 is the mean
 # that int8 MiniLM (0.996) and OpenVINO int8 (0.9996) keep on PEP paragraphs with room (docs/backends.md).
 DEFAULT_MIN_COSINE = 0.99
+PROMPT_ONE_OF = "set exactly one of prompt.name (one of the model's prompts) and prompt.text (a literal prompt)"
+# A prompt is recorded (run identity, jsonb): no NUL, which PostgreSQL's text cannot hold.
+PROMPT_TEXT_PATTERN = r"^[^\x00]*$"
 URI_ABSOLUTE = "uri must be a URL (s3://, gs://, az://...) or an absolute path"
 URI_ALONE = "set uri without path or package: each names where the model's files are"
 URI_NEEDS_REVISION = ("a uri model needs revision: the hash of its weights (docs/sources.md says how to get it), "
                       "which the fetched files must match")
+
+
+class ModelPrompt(ApiModel):
+    """The text put before each document (record or chunk) the model embeds: one of the model's own prompts by
+    name, or a literal text."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel("has(self.name) != has(self.text)", PROMPT_ONE_OF, ".name")]})
+
+    name: str | None = Field(
+        None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
+        description="A prompt of the model's own sentence-transformers config (config_sentence_transformers.json, "
+        "`prompts`), e.g. document or passage; a name the config does not have refuses the job at its start "
+        "(ModelPromptUnknown).",
+    )
+    text: str | None = Field(
+        None, max_length=2048, pattern=PROMPT_TEXT_PATTERN,
+        description='A literal prompt, e.g. "passage: " (its trailing space included); "" embeds the texts '
+        "without a prompt even where the model's config declares one.",
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "ModelPrompt":
+        if (self.name is None) == (self.text is None):
+            raise ValueError(PROMPT_ONE_OF)
+        return self
 
 
 class Model(ApiModel):
@@ -113,6 +142,22 @@ class Model(ApiModel):
         "Unset: the model's own limit.",
     )
 
+    prompt: ModelPrompt | None = Field(
+        None,
+        description="The document prompt (docs/prompts.md). Unset: the model's own document prompt where its "
+        "sentence-transformers config declares one (`document`, else `passage`, else `corpus`, as "
+        "encode_document picks it), else its default prompt, else none. The prompt used is recorded in the "
+        "vectors' revision (it changes the vectors), counted in every token count (budgets, chunking, truncation) "
+        "and shown in the run's summary; `embedjob search` embeds queries with the model's query prompt.",
+    )
+    dimensions: int | None = Field(
+        None, ge=1, le=16000, strict=True,  # as the CRD: 256, not "256"
+        description="Keep the first N dimensions of each vector (a Matryoshka model's truncation), renormalised "
+        "when normalize is on; the vectors table is made with N. Refused at the start (DimensionsTooMany) above "
+        "the model's own dimension; a model whose card does not say it was trained for truncation "
+        "(MatryoshkaLoss) is warned about, not refused. Recorded in the vectors' revision.",
+    )
+
     backend: ModelBackend = Field(
         ModelBackend.torch,
         description="Runtime of the transformer (sentence-transformers' backend): torch, onnx or openvino. "
@@ -132,6 +177,16 @@ class Model(ApiModel):
         "as it starts (status.progress.precisionCosineMean and precisionCosineMin) and refuses "
         "(PrecisionBelowMinimum) below it, before any vector is written; 0 measures and never refuses.",
     )
+
+    @property
+    def prompt_choice(self) -> str:
+        """How the document prompt is chosen, for `embedjob render` (the driver resolves it against the model's
+        config at its start, and says which it used)."""
+        if self.prompt is None:
+            return "the model's document prompt where its config declares one, else its default prompt, else none"
+        if self.prompt.text is not None:
+            return f"text {self.prompt.text!r}" if self.prompt.text else "none"
+        return f"the model's {self.prompt.name!r} prompt"
 
     @field_validator("path")
     @classmethod

@@ -67,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     search.add_argument("--database-url", default=os.environ.get(DATABASE_URL_ENV))
     search.add_argument("--ef-search", type=_ef_search, help=f"HNSW candidate list (hnsw.ef_search, 1-{MAX_EF_SEARCH}; "
                         f"default {DEFAULT_EF_SEARCH} or k if more): higher finds more true neighbours, slower")
+    search.add_argument("--prompt", help="the text put before the query (default: the model's query prompt where its "
+                        "config declares one, else its default prompt, else none; \"\" for none)")
     search.add_argument("--verbose", "-v", action="store_true",
                         help="show what the libraries print on their own (silenced otherwise)")
     job_logs.add_command(commands)
@@ -211,6 +213,7 @@ def _print_summary(summary) -> None:
             f"batches            {c.batches_succeeded} succeeded ({summary.batches_skipped} already done),"
             f" {c.batches_failed} failed, {c.batches_total} total",
             f"batching           {summary.batching}",
+            f"document prompt    {summary.prompt}",
             f"throughput         {c.texts_per_second:.1f} texts/s",
             f"batch latency      p50 {summary.latency_percentile(0.5):.2f}s, p95 {summary.latency_percentile(0.95):.2f}s",
             f"model load         {summary.model_load_seconds:.1f}s",
@@ -233,6 +236,7 @@ def _search(config: JobConfig, database_url: Callable[[], str], args: argparse.N
 
     from embedjob_worker.encode.exported import export_model
     from embedjob_worker.encode.model import load_model, resolve_model
+    from embedjob_worker.encode.model_card import model_prompts, query_prompt
 
     transformers_logging.disable_progress_bar()  # no "Loading weights" bar before the answer
     try:
@@ -240,9 +244,16 @@ def _search(config: JobConfig, database_url: Callable[[], str], args: argparse.N
     except (OSError, ValueError) as exc:
         print(f"embedjob: spec.model: {exc}", file=sys.stderr)
         return ExitCode.INVALID_CONFIG
-    # The query is embedded like the vectors: same backend, precision and export (from this machine's cache).
+    except JobFailed as exc:  # a prompt the model does not declare, a backend that cannot take it
+        print(f"embedjob: {exc}", file=sys.stderr)
+        return ExitCode.INVALID_CONFIG
+    # The query is embedded like the vectors: same backend, precision, export (from this machine's cache) and
+    # dimensions, after the query prompt (model_card.query_prompt: as encode_query picks it).
     model = load_model(resolved, "cpu", export_model(resolved) if resolved.exported else None)
-    query = model.encode([args.query], normalize_embeddings=True, convert_to_numpy=True)[0].astype("float32")
+    prompt = args.prompt if args.prompt is not None else query_prompt(model_prompts(resolved.location,
+                                                                                    resolved.hub_revision))
+    query = model.encode([args.query], prompt=prompt, truncate_dim=resolved.dimensions, normalize_embeddings=True,
+                         convert_to_numpy=True)[0].astype("float32")
     engine = db.create_engine(database_url())
     try:
         # the table the job's runs write: in the schema the role creates tables in, never found through the search path

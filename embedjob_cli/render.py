@@ -109,5 +109,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"embedjob: the operator would refuse {args.manifest}: {exc}", file=sys.stderr)
         return ExitCode.INVALID_CONFIG
     # A comment, so that the output stays the RayJob to apply: the batching its driver will choose for the spec.
-    sys.stdout.write(f"# spec.batching: {spec.chosen_batching}\n" + yaml.safe_dump(rayjob, sort_keys=False))
+    sys.stdout.write(f"# spec.batching: {spec.chosen_batching}\n# spec.model.prompt: {spec.model.prompt_choice}\n"
+                     + yaml.safe_dump(rayjob, sort_keys=False))
     return ExitCode.SUCCEEDED

@@ -117,7 +117,8 @@ def test_render_shows_the_chosen_batching(tmp_path):
     path.write_text(yaml.safe_dump(defaulted))
     rendered = run([*EMBEDJOB, "render", str(path)], timeout=120)
     assert rendered.returncode == 0, rendered.stderr
-    first, _ = rendered.stdout.split("\n", 1)
+    first, second, _ = rendered.stdout.split("\n", 2)
     assert first == f"# spec.batching: {api.parse_spec(defaulted['spec']).chosen_batching}"
+    assert second == f"# spec.model.prompt: {api.parse_spec(defaulted['spec']).model.prompt_choice}"
     assert "(default for CPU)" in first
     assert yaml.safe_load(rendered.stdout)["kind"] == "RayJob"  # still the RayJob to apply

@@ -92,3 +92,6 @@ def test_export_key_changes_with_backend_and_precision():
                                                      ("openvino", "int8")]}
     assert len(keys) == 4
     assert export_key(resolved("onnx", "int8")) == export_key(resolved("onnx", "int8"))
+    prompted = ResolvedModel("m", tagged_revision("r", "onnx", "int8", "1f2e3d4c", 128), "/models/m", None, True,
+                             None, "onnx", "int8")
+    assert export_key(prompted) == export_key(resolved("onnx", "int8"))  # one export for every prompt and size

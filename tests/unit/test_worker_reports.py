@@ -9,7 +9,7 @@ from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.worker_reports import EmbedResult, WorkerInfo
 from embedjob_worker.encode.model import ResolvedModel, check_model
 
-INFO = WorkerInfo("m", "r1", 4, 256, 1.5, 1_700_000_000.0, "a" * 32, "host/1/aaaaaaaa")
+INFO = WorkerInfo("m", "r1", 4, 4, 256, 1.5, 1_700_000_000.0, "a" * 32, "host/1/aaaaaaaa")
 
 
 def result(revision: str = "r1") -> EmbedResult:

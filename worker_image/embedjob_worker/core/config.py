@@ -78,15 +78,15 @@ class JobConfig:
         return cls.from_manifest(load_manifest(path), base_dir=path.resolve().parent)
 
 
-def run_identity(spec: EmbeddingJobSpec, model_revision: str) -> dict[str, Any]:
+def run_identity(spec: EmbeddingJobSpec, model_revision: str, prompt: str = "") -> dict[str, Any]:
     """Every setting that decides which batches exist, what their vectors are and where they
     are written, keyed by its spec path (a refused re-run names the ones that changed).
 
     Replicas, CPUs, maxInFlight, sink.writers and retry settings are left out: changing them neither
     changes a batch nor a vector nor where it goes, so a resumed job may use different ones.
     batchSize and maxTokens are the ones the job runs with (spec.chosen_batching: unset ones defaulted).
-    batching.maxTokens and chunking are only present when there is one, so runs from before they existed keep their
-    fingerprint.
+    batching.maxTokens, chunking, the document prompt (its text, as the model's config or the spec gives it) and
+    model.dimensions are only present when there is one, so runs from before they existed keep their fingerprint.
     """
     chosen = spec.chosen_batching
     budget = {"batching.maxTokens": chosen.max_tokens} if chosen.max_tokens is not None else {}
@@ -106,6 +106,8 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str) -> dict[str, Any]:
         "sink.collection": spec.sink.collection,
         **budget,
         **chunking,
+        **({"model.prompt": prompt} if prompt else {}),
+        **({"model.dimensions": spec.model.dimensions} if spec.model.dimensions is not None else {}),
     }
 
 

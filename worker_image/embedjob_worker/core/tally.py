@@ -177,6 +177,7 @@ class RunSummary:
     error: str | None = None
     counters: RunCounters | None = None  # the run row's counters; None when the run was refused
     batching: str = ""  # the batch size and token budget the job ran with (str(spec.chosen_batching))
+    prompt: str = ""  # the document prompt the texts were embedded with, and why (model_card.document_prompt)
     batches_skipped: int = 0
     records_truncated: int = 0
     retries: int = 0

@@ -19,7 +19,8 @@ class WorkerInfo:
 
     model: str
     revision: str  # recomputed from the files on the actor's node
-    dimension: int
+    dimension: int  # of the vectors it returns: spec.model.dimensions where set, else the model's
+    model_dimension: int  # the model's own, which spec.model.dimensions may not exceed
     max_tokens: int  # the model's max_seq_length: a longer text is embedded truncated
     load_seconds: float
     loaded_at: float  # wall clock: a shared pool's actor may have loaded the model for another job

@@ -55,12 +55,13 @@ class EmbeddingWorker:
         self.worker_id = f"{socket.gethostname()}/{os.getpid()}/{self.actor_id[:8]}"[:128]
 
     def info(self) -> WorkerInfo:
+        model_dimension = (self.model.get_embedding_dimension() if hasattr(self.model, "get_embedding_dimension")
+                           else self.model.get_sentence_embedding_dimension())
         return WorkerInfo(
             model=self.name,
             revision=self.faults.get("revision", self.revision),
-            dimension=self.model.get_embedding_dimension()
-            if hasattr(self.model, "get_embedding_dimension")
-            else self.model.get_sentence_embedding_dimension(),
+            dimension=min(model_dimension, self.resolved.dimensions or model_dimension),
+            model_dimension=model_dimension,
             max_tokens=self.max_tokens,
             load_seconds=self.load_seconds,
             loaded_at=self.loaded_at,
@@ -104,8 +105,7 @@ class EmbeddingWorker:
         """The cosines between this model's vectors of `texts` and the same model's in float32 torch, loaded on
         this actor's device for the check and dropped after it."""
         reference = load_model(float32_reference(self.resolved), self.device)
-        expected, found = (model.encode(texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True,
-                                        show_progress_bar=False) for model in (reference, self.model))
+        expected, found = (self._vectors(model, texts, 32, normalize=True) for model in (reference, self.model))
         del reference
         cosines = (found * expected).sum(axis=1)
         return PrecisionCheck(len(texts), round(float(cosines.mean()), 6), round(float(cosines.min()), 6))
@@ -117,10 +117,7 @@ class EmbeddingWorker:
         try:
             if len(texts) > self.faults.get("oom_above", len(texts)):
                 raise torch.OutOfMemoryError(f"injected: batch of {len(texts)} > {self.faults['oom_above']}")
-            vectors = self.model.encode(
-                texts, batch_size=min(len(texts), pass_size), normalize_embeddings=self.normalize,
-                convert_to_numpy=True, show_progress_bar=False,
-            )
+            vectors = self._vectors(self.model, texts, min(len(texts), pass_size), self.normalize)
             return vectors.astype(np.float32, copy=False), 0
         except (torch.OutOfMemoryError, MemoryError):
             if len(texts) == 1:
@@ -132,8 +129,18 @@ class EmbeddingWorker:
             second, second_splits = self._encode(texts[half:], pass_size)
             return np.vstack([first, second]), 1 + first_splits + second_splits
 
+    def _vectors(self, model, texts: list[str], batch_size: int, normalize: bool) -> np.ndarray:
+        """`texts` embedded as documents: after the job's prompt, cut to its dimensions (then normalised), as
+        sentence-transformers' encode_document does (the onnx backend's model takes the same arguments)."""
+        encode = getattr(model, "encode_document", model.encode)
+        # prompt "" (not None): none, where None would let sentence-transformers take the default prompt
+        return encode(texts, prompt=self.resolved.prompt.text, truncate_dim=self.resolved.dimensions,
+                      batch_size=batch_size, normalize_embeddings=normalize, convert_to_numpy=True,
+                      show_progress_bar=False)
+
     def _truncated(self, texts: list[str]) -> tuple[int, ...]:
-        """Indices of texts longer than the model's token limit (they were embedded truncated)."""
+        """Indices of texts longer than the model's token limit after the prompt (they were embedded truncated)."""
+        texts = [self.resolved.prompt.text + t for t in texts]
         # A token covers at least one character, so only texts longer than the limit
         # (less the two special tokens) can exceed it; only those are tokenized.
         candidates = [i for i, t in enumerate(texts) if len(t) > self.max_tokens - 2]

@@ -63,8 +63,9 @@ def _version(distribution: str) -> str | None:
 
 
 def export_key(resolved: ResolvedModel) -> str:
-    """The cache key: what the model is and how (and by which library versions) it is exported."""
-    identity = [resolved.location, resolved.revision, resolved.backend, resolved.precision,
+    """The cache key: what the model is and how (and by which library versions) it is exported (one export serves
+    every prompt and every number of dimensions)."""
+    identity = [resolved.location, resolved.weights_revision, resolved.backend, resolved.precision,
                 {name: _version(name) for name in _EXPORT_LIBRARIES}]
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:KEY_HEX_CHARS]
 

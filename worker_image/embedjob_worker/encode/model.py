@@ -7,9 +7,10 @@ embedjob_worker.encode.model_store). For the last three the recorded revision is
 the weights, so two actors with different files can never silently write under the same revision.
 
 The revision recorded with every vector also names the backend and precision that
-produced it (`tagged_revision`), so vectors of an int8 OpenVINO model never overwrite or
-mix with float32 torch vectors of the same weights. onnx and openvino models are
-exported once per job (`embedjob_worker.encode.exported`) and loaded from that export.
+produced it, the document prompt and the dimensions kept (`tagged_revision`), so vectors of
+an int8 OpenVINO model, or of another prompt, never overwrite or mix with float32 torch
+vectors of the same weights. onnx and openvino models are exported once per job
+(`embedjob_worker.encode.exported`) and loaded from that export.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from embedjob.api import Model, ModelBackend, ModelPrecision
 from embedjob.db import runs
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.worker_reports import EmbedResult, WorkerInfo
+from embedjob_worker.encode.model_card import ChosenPrompt, document_prompt, model_prompts, pooling_includes_prompt
 from embedjob_worker.encode.model_store import fetch_model, weights_revision
 
 # A directory holding a sentence-transformers model has one of these.
@@ -47,6 +49,13 @@ class ResolvedModel:
     backend: str = ModelBackend.torch.value
     precision: str = ModelPrecision.float32.value
     uri: str | None = None  # a model from storage (spec.model.uri): `location` is where this node keeps it
+    prompt: ChosenPrompt = ChosenPrompt("", "none")  # put before each document (model_card.document_prompt)
+    dimensions: int | None = None  # the first N dimensions kept (spec.model.dimensions), None: all
+
+    @property
+    def weights_revision(self) -> str:
+        """The revision of the weights alone, without the tags of backend, precision, prompt and dimensions."""
+        return self.revision.split(BACKEND_TAG_SEPARATOR)[0]
 
     @property
     def exported(self) -> bool:
@@ -54,18 +63,24 @@ class ResolvedModel:
         return self.backend != ModelBackend.torch.value
 
 
-def tagged_revision(revision: str, backend: str, precision: str) -> str:
-    """The revision recorded with a vector: the weights' revision plus `+backend-precision`.
+def tagged_revision(revision: str, backend: str, precision: str, prompt_tag: str = "",
+                    dimensions: int | None = None) -> str:
+    """The revision recorded with a vector: the weights' revision, then `+backend-precision` unless torch
+    float32, `+p<hash>` for a document prompt, `+d<N>` for the first N dimensions.
 
-    torch float32 keeps the bare revision (the vectors written before backends existed are
-    float32 torch vectors and stay valid); anything else is e.g. `3f2a...+openvino-int8`.
+    torch float32 without a prompt or truncation keeps the bare revision (the vectors written before these
+    existed stay valid); anything else is e.g. `3f2a...+openvino-int8` or `3f2a...+p1f2e3d4c+d256`.
     """
-    if (backend, precision) == (ModelBackend.torch.value, ModelPrecision.float32.value):
-        return revision
-    tagged = f"{revision}{BACKEND_TAG_SEPARATOR}{backend}-{precision}"
+    tagged = revision
+    if (backend, precision) != (ModelBackend.torch.value, ModelPrecision.float32.value):
+        tagged += f"{BACKEND_TAG_SEPARATOR}{backend}-{precision}"
+    if prompt_tag:
+        tagged += f"{BACKEND_TAG_SEPARATOR}p{prompt_tag}"
+    if dimensions is not None:
+        tagged += f"{BACKEND_TAG_SEPARATOR}d{dimensions}"
     if len(tagged) > REVISION_MAX_CHARS:
-        raise ValueError(f"revision {revision!r} with backend {backend} and precision {precision} is longer than "
-                         f"{REVISION_MAX_CHARS} characters")
+        raise ValueError(f"revision {revision!r} with backend {backend}, precision {precision}, its prompt and "
+                         f"dimensions is longer than {REVISION_MAX_CHARS} characters")
     return tagged
 
 
@@ -108,9 +123,16 @@ def resolve_model(model: Model) -> ResolvedModel:
     else:
         location, revision, hub_revision = model.name, model.revision, model.revision
     check_backend_installed(model.backend)
-    return ResolvedModel(model.name, tagged_revision(revision, model.backend, model.precision), location,
-                         hub_revision, model.normalize, model.max_seq_length, model.backend, model.precision,
-                         model.uri)
+    prompt = document_prompt(model.prompt, model_prompts(location, hub_revision))
+    if model.backend == ModelBackend.onnx.value and prompt.text and not pooling_includes_prompt(location,
+                                                                                                hub_revision):
+        raise JobFailed("BackendCannotPrompt", f"spec.model.backend onnx: model {model.name}'s pooling leaves the "
+                                               "prompt's tokens out (include_prompt false), which its exported graph "
+                                               "cannot; use backend torch or openvino")
+    return ResolvedModel(model.name, tagged_revision(revision, model.backend, model.precision, prompt.tag,
+                                                     model.dimensions),
+                         location, hub_revision, model.normalize, model.max_seq_length, model.backend,
+                         model.precision, model.uri, prompt, model.dimensions)
 
 
 def on_this_node(resolved: ResolvedModel) -> ResolvedModel:
@@ -118,8 +140,7 @@ def on_this_node(resolved: ResolvedModel) -> ResolvedModel:
     cache, verified; any other as it is."""
     if resolved.uri is None:
         return resolved
-    weights = resolved.revision.split(BACKEND_TAG_SEPARATOR)[0]
-    return dataclasses.replace(resolved, location=str(fetch_model(resolved.uri, weights)))
+    return dataclasses.replace(resolved, location=str(fetch_model(resolved.uri, resolved.weights_revision)))
 
 
 def float32_reference(resolved: ResolvedModel) -> ResolvedModel:
@@ -129,9 +150,8 @@ def float32_reference(resolved: ResolvedModel) -> ResolvedModel:
 
 def loaded_revision(resolved: ResolvedModel) -> str:
     """The tagged revision of the files at `resolved.location` (hashed again for path/package models)."""
-    if resolved.hub_revision is not None:
-        return tagged_revision(resolved.hub_revision, resolved.backend, resolved.precision)
-    return tagged_revision(weights_revision(resolved.location), resolved.backend, resolved.precision)
+    weights = resolved.hub_revision if resolved.hub_revision is not None else weights_revision(resolved.location)
+    return tagged_revision(weights, resolved.backend, resolved.precision, resolved.prompt.tag, resolved.dimensions)
 
 
 def load_model(resolved: ResolvedModel, device: str, exported_dir: str | Path | None = None,
@@ -173,3 +193,16 @@ def check_model(reported: WorkerInfo | EmbedResult, resolved: ResolvedModel) -> 
     if (reported.model, reported.revision) != (resolved.name, resolved.revision):
         raise JobFailed("ModelMismatch", f"worker {reported.worker} has {reported.model}@"
                         f"{reported.revision}, the job pins {resolved.name}@{resolved.revision}")
+
+
+def check_dimensions(resolved: ResolvedModel, model_dimension: int) -> None:
+    """spec.model.dimensions may keep at most the model's own dimensions (DimensionsTooMany)."""
+    if resolved.dimensions is not None and resolved.dimensions > model_dimension:
+        raise JobFailed("DimensionsTooMany", f"spec.model.dimensions: {resolved.dimensions} is more than model "
+                                             f"{resolved.name}'s {model_dimension} dimensions")
+
+
+def described_prompt(resolved: ResolvedModel) -> str:
+    """The document prompt for the summary and the log: `"passage: " (the model's 'passage' prompt ...)`."""
+    prompt = resolved.prompt
+    return f"{prompt.text!r} ({prompt.chosen_by})" if prompt.text else prompt.chosen_by

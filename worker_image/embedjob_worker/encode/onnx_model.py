@@ -70,15 +70,20 @@ class OnnxSentenceModel:
         return self.settings.dimension
 
     def encode(self, texts: list[str], batch_size: int = 32, normalize_embeddings: bool = False,
+               prompt: str | None = None, truncate_dim: int | None = None,
                **_sentence_transformers_options) -> np.ndarray:
         """Vectors of `texts` in their order, `batch_size` texts a forward pass, longest first (as
-        sentence-transformers does: each pass pads to texts of similar length)."""
+        sentence-transformers does: each pass pads to texts of similar length); `prompt` put before each text,
+        the first `truncate_dim` dimensions kept (before the normalisation), as sentence-transformers does."""
+        texts = [prompt + text for text in texts] if prompt else texts
         vectors = np.empty((len(texts), self.settings.dimension), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         for start in range(0, len(texts), max(1, batch_size)):
             chosen = order[start:start + batch_size]
             inputs = features(self.tokenizer, [texts[i] for i in chosen], self.settings.inputs, self.max_seq_length)
             vectors[chosen] = self.session.run(None, inputs)[0]
+        if truncate_dim is not None:
+            vectors = np.ascontiguousarray(vectors[:, :truncate_dim])
         if normalize_embeddings:
             vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         return vectors

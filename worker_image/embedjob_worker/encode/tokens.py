@@ -68,18 +68,23 @@ def load_tokenizer(resolved: ResolvedModel):
 
 
 class TokenCounter:
-    """Callable: texts -> their token counts, each at most `limit`: by the fast tokenizer's Rust backend
-    (plan.counting.TokenCount), else (a tokenizer without one) by the transformers tokenizer's own call."""
+    """Callable: texts -> their token counts as the model sees them (after the job's document prompt), each at
+    most `limit`: by the fast tokenizer's Rust backend (plan.counting.TokenCount), else (a tokenizer without
+    one) by the transformers tokenizer's own call."""
 
-    def __init__(self, resolved: ResolvedModel, limit: int | None, tokenizer=None):
+    def __init__(self, resolved: ResolvedModel | None, limit: int | None, tokenizer=None):
+        """`resolved` None: the tokenizer given, and no prompt."""
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(resolved)
         self.limit = limit or self.tokenizer.model_max_length
+        self.prompt = resolved.prompt.text if resolved is not None else ""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         self.fast = TokenCount(backend, self.limit) if backend is not None else None
 
     def __call__(self, texts: list[str]) -> list[int]:
-        """Each text stripped as sentence-transformers strips it, counted with the special tokens."""
-        return self.fast([t.strip() for t in texts]) if self.fast is not None else self.called(texts)
+        """Each text after the prompt, stripped as sentence-transformers strips it, counted with the special
+        tokens."""
+        prompted = [(self.prompt + t).strip() for t in texts]
+        return self.fast(prompted) if self.fast is not None else self.called(prompted)
 
     def called(self, texts: list[str]) -> list[int]:
         """The counts by the transformers tokenizer's call, as the model's forward pass tokenizes (stripped)."""
@@ -103,6 +108,18 @@ def token_budget(max_tokens: int | None, resolved: ResolvedModel, limit: int | N
                             "no tokenizer)", exc) from None
 
 
+def prompt_tokens(tokenizer, prompt: str) -> int:
+    """The tokens a document prompt adds before each text (without the special ones, which the text's count
+    has). Counted apart: exact where the prompt ends in a space or punctuation, as the common ones do."""
+    if not prompt.strip():
+        return 0
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:  # counted as the texts are (a copy of the pipeline that neither pads nor truncates)
+        counter = TokenCount(backend, None)
+        return counter([prompt.strip()])[0] - counter.specials
+    return len(tokenizer(prompt.strip(), add_special_tokens=False, verbose=False)["input_ids"])
+
+
 def _no_tokenizer(field: str, exc: Exception) -> JobFailed:
     return JobFailed("ModelUnavailable", f"{field} needs the model's tokenizer in the driver: {type(exc).__name__}: "
                                          f"{exc}")
@@ -122,15 +139,17 @@ def chunker_for(chunking: Chunking | None, resolved: ResolvedModel, limit: int |
     if chunking.max_tokens is None and not stated:
         raise JobFailed("ChunkingUnsupported", f"spec.chunking.maxTokens: model {resolved.name} states no token limit; "
                                                "set maxTokens (or model.maxSeqLength)")
-    max_tokens = chunking.max_tokens or limit
-    if max_tokens > limit:
-        raise JobFailed("ChunkingUnsupported", f"spec.chunking.maxTokens: {max_tokens} is more than model "
-                                               f"{resolved.name}'s token limit {limit}; the model would truncate the "
-                                               f"chunks: set at most {limit}")
+    prompt = prompt_tokens(tokenizer, resolved.prompt.text)
+    max_tokens = chunking.max_tokens or limit - prompt
+    if max_tokens + prompt > limit:
+        with_prompt = f" with the document prompt's {prompt} tokens before each chunk" if prompt else ""
+        raise JobFailed("ChunkingUnsupported", f"spec.chunking.maxTokens: {max_tokens}{with_prompt} is more than "
+                                               f"model {resolved.name}'s token limit {limit}; the model would truncate "
+                                               f"the chunks: set at most {limit - prompt}")
     if not getattr(tokenizer, "is_fast", False):
         raise JobFailed("ChunkingUnsupported", f"spec.chunking: model {resolved.name} has no fast tokenizer "
                                                "(tokenizer.json), which the chunks' character offsets come from")
     try:
-        return Chunker(tokenizer.backend_tokenizer, max_tokens, chunking.overlap_tokens)
+        return Chunker(tokenizer.backend_tokenizer, max_tokens, chunking.overlap_tokens, prompt)
     except ValueError as exc:
         raise JobFailed("ChunkingUnsupported", f"spec.chunking.overlapTokens: {exc}") from None

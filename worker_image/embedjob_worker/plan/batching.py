@@ -130,8 +130,9 @@ def _chunked_cuts(window: list[Record], chunker: Callable[[list[str]], list[tupl
     if sort:
         chunked.sort(key=lambda r: (-max(s.tokens for s in r.spans), r.position))
     start = 0
-    for size in budget_cuts([max(s.tokens for s in r.spans) for r in chunked], budget and budget.max_tokens,
-                            batch_size, [len(r.spans) for r in chunked]):
+    prompt = getattr(chunker, "prompt_tokens", 0)  # a chunk's padded length in the model counts the prompt too
+    for size in budget_cuts([max(s.tokens for s in r.spans) + prompt for r in chunked],
+                            budget and budget.max_tokens, batch_size, [len(r.spans) for r in chunked]):
         yield chunked[start : start + size]
         start += size
 

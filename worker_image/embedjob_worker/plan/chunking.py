@@ -111,10 +111,11 @@ def chunk_spans(text: str, offsets: Sequence[tuple[int, int]], words: Sequence[i
 class Chunker:
     """Callable: texts -> their chunks (chunk_spans), by a `tokenizers.Tokenizer` (the model's own)."""
 
-    def __init__(self, tokenizer: Any, max_tokens: int, overlap: int):
+    def __init__(self, tokenizer: Any, max_tokens: int, overlap: int, prompt_tokens: int = 0):
         self.counter = TokenCount(tokenizer, None)
         self.tokenizer = self.counter.tokenizer  # a copy that neither truncates nor pads
         self.max_tokens, self.overlap = max_tokens, overlap
+        self.prompt_tokens = prompt_tokens  # what the document prompt adds to each chunk the model sees
         self.specials = self.counter.specials
         if max_tokens - self.specials - overlap < 1:
             raise ValueError(f"maxTokens {max_tokens} leaves {max_tokens - self.specials} tokens besides the model's "

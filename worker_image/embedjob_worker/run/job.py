@@ -33,7 +33,7 @@ from embedjob_worker.core.tally import RunSummary, RunTally
 from embedjob_worker.core.worker_reports import WorkerInfo
 from embedjob_worker.encode.dispatch import Dispatcher
 from embedjob_worker.encode.lease import PoolLease
-from embedjob_worker.encode.model import ResolvedModel, check_model
+from embedjob_worker.encode.model import ResolvedModel, check_dimensions, check_model, described_prompt
 from embedjob_worker.encode.pools import pool_name, shared_cluster
 from embedjob_worker.encode.precision import checked_precision
 from embedjob_worker.encode.workers import ActorSet
@@ -103,10 +103,10 @@ class JobRun:
             except JobFailed as failure:
                 return refused(self.summary, failure)
             run, resolved = started.start.run, started.resolved
-            self.summary.run_id = run.run_id
+            self.summary.run_id, self.summary.prompt = run.run_id, described_prompt(resolved)
             log_event(log, "run_started", job=self.config.job_key, run=run.run_id, resumed=started.start.resumed,
                       model=resolved.name, revision=resolved.revision, source=started.uri,
-                      batching=self.summary.batching)
+                      batching=self.summary.batching, prompt=self.summary.prompt, dimensions=resolved.dimensions)
             failure = self._load(started)
             finish_run(self.runs, run, failure, self.tally, self.summary, time.monotonic() - self.started)
             self._report()
@@ -236,6 +236,7 @@ class JobRun:
         self.summary.workers = infos
         for info in infos:
             check_model(info, resolved)
+        check_dimensions(resolved, infos[0].model_dimension)
         return infos
 
     def _prepare_vectors_table(self, dimension: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -10,7 +11,9 @@ from embedjob import db
 
 from embedjob_worker.core.config import JobConfig, config_fingerprint, run_identity
 from embedjob_worker.core.errors import JobFailed, Unreachable
+from embedjob_worker.core.logs import log_event
 from embedjob_worker.encode.model import ResolvedModel, resolve_model
+from embedjob_worker.encode.model_card import trained_for_truncation
 from embedjob_worker.encode.tokens import chunker_for, load_tokenizer, model_token_limit, token_budget
 from embedjob_worker.plan.batching import TokenBudget, batch_key
 from embedjob_worker.plan.chunking import Chunker
@@ -21,6 +24,8 @@ from embedjob_worker.source.files import resolve_uri
 from embedjob_worker.source.snapshot import InputSnapshot, input_snapshot
 from embedjob_worker.source.table import table_snapshot, table_uri
 from embedjob_worker.source.unavailable import in_a_store, store_unavailable
+
+log = logging.getLogger("embedjob_worker.run.start")
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ def start_run(config: JobConfig, runs: JobRuns, new_run: bool) -> StartedRun:
     except JobFailed as failure:
         runs.refuse_start(spec.model.name, failure)
         raise
-    identity = run_identity(spec, resolved.revision)
+    identity = run_identity(spec, resolved.revision, resolved.prompt.text)
     config_fp = config_fingerprint(identity)
     # A table's rows change by design: each sync after a finished one is a run of its own (docs/table-source.md).
     new_run = new_run or (spec.source.table is not None and latest_run_succeeded(runs.engine, config.job_key))
@@ -69,16 +74,23 @@ def start_run(config: JobConfig, runs: JobRuns, new_run: bool) -> StartedRun:
 
 
 def _resolve_inputs(config: JobConfig) -> tuple[ResolvedModel, str, InputSnapshot | DatasetSnapshot]:
-    """Model revision, the input's location and its snapshot (fingerprint): a dataset's lists its files."""
+    """Model revision, the input's location and its snapshot (fingerprint): a dataset's lists its files. A model
+    cut to fewer dimensions whose card does not say it was trained for that is warned about, not refused."""
     spec = config.spec
     table = spec.source.table
     uri = table_uri(table) if table else resolve_uri(spec.source.uri, config.base_dir)
     try:
         resolved = resolve_model(spec.model)
+    except JobFailed:
+        raise
     except Exception as exc:  # noqa: BLE001 - as the source's below, for a model from storage (spec.model.uri)
         if not isinstance(exc, (OSError, ValueError)) and not in_a_store(spec.model.uri or ""):
             raise
         raise store_unavailable("ModelUnavailable", "spec.model", spec.model.uri or "", exc) from None
+    if resolved.dimensions is not None and not trained_for_truncation(resolved.location, resolved.hub_revision):
+        log_event(log, "dimensions_without_matryoshka", logging.WARNING, dimensions=resolved.dimensions,
+                  model=resolved.name, note="the model's card does not say it was trained for truncation "
+                  "(MatryoshkaLoss): its first dimensions may keep less of its quality than a Matryoshka model's")
     try:
         if table:
             return resolved, uri, table_snapshot(table)
