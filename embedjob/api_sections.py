@@ -22,12 +22,19 @@ from .api_rules import (
     CPU_STEP, CPU_STEP_RULE, GPU_SHARE_RULE, MIN_GPU_SHARE, cel, ray_quantity,
 )
 from .api_table import SourceTable
+from .text_template import TextTemplate, parse_template
 
 
 class SourceFormat(str, Enum):
     jsonl = "jsonl"
     csv = "csv"
     parquet = "parquet"
+
+
+DEFAULT_TEXT_FIELD = "text"
+TEMPLATE_NOT_FOR_TABLES = ("textTemplate builds the text of a file source's records; a table source selects its text "
+                           "in a view (docs/table-source.md)")
+TEMPLATE_OR_TEXT_FIELD = "set textTemplate or textField, not both: the template names its fields itself"
 
 
 class Source(ApiModel):
@@ -38,6 +45,7 @@ class Source(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel("has(self.uri) != has(self.table)", "set exactly one of uri and table", ".uri"),
+                cel("!has(self.textTemplate) || !has(self.table)", TEMPLATE_NOT_FOR_TABLES, ".textTemplate"),
                 cel("!has(self.databaseSecretRef) || has(self.table)",
                     "databaseSecretRef names the database of a table source; a file source has none",
                     ".databaseSecretRef"),
@@ -65,7 +73,15 @@ class Source(ApiModel):
         description="Field (column) holding each record's id, unique within the input; the id of its vector row.",
     )
     text_field: str = Field(
-        "text", min_length=1, max_length=256, description="Field (column) holding the text to embed."
+        DEFAULT_TEXT_FIELD, min_length=1, max_length=256, description="Field (column) holding the text to embed."
+    )
+    text_template: str | None = Field(
+        None, min_length=1, max_length=4096, pattern=r"^[^\x00]*$",
+        description="The text to embed built from several fields instead of textField, e.g. \"{title}\\n\\n{body}\": "
+        "each {name} a field of a JSON line (a dotted name is a path into nested objects where no field has the "
+        "name itself) or a column of a CSV or Parquet file; {{ and }} are braces. A record without one of the "
+        "fields, or whose field is not text, fails alone (reason template_field, naming it). File sources only "
+        "(a table source selects its text in a view); not with a textField other than text (docs/sources.md).",
     )
     table: SourceTable | None = Field(
         None, description="A PostgreSQL table or view to embed instead of a file (docs/table-source.md).")
@@ -78,7 +94,23 @@ class Source(ApiModel):
             raise ValueError("set exactly one of uri and table")
         if self.database_secret_ref is not None and self.table is None:
             raise ValueError("databaseSecretRef names the database of a table source; a file source has none")
+        if self.text_template is not None and self.table is not None:
+            raise ValueError(TEMPLATE_NOT_FOR_TABLES)
+        if self.text_template is not None and self.text_field != DEFAULT_TEXT_FIELD:
+            raise ValueError(TEMPLATE_OR_TEXT_FIELD)
         return self
+
+    @field_validator("text_template")
+    @classmethod
+    def _template_parses(cls, template: str | None) -> str | None:
+        if template is not None:
+            parse_template(template)  # its ValueError says where
+        return template
+
+    @property
+    def text_of(self) -> str | TextTemplate:
+        """What the readers take each record's text from: textTemplate parsed, else textField."""
+        return parse_template(self.text_template) if self.text_template is not None else self.text_field
 
 
 WORKER_RULES = {

@@ -85,8 +85,8 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str, prompt: str = "") 
     Replicas, CPUs, maxInFlight, sink.writers and retry settings are left out: changing them neither
     changes a batch nor a vector nor where it goes, so a resumed job may use different ones.
     batchSize and maxTokens are the ones the job runs with (spec.chosen_batching: unset ones defaulted).
-    batching.maxTokens, chunking, the document prompt (its text, as the model's config or the spec gives it) and
-    model.dimensions are only present when there is one, so runs from before they existed keep their fingerprint.
+    batching.maxTokens, chunking, source.textTemplate, the document prompt (its text, as the model's config or the
+    spec gives it) and model.dimensions are only present when there is one, so runs from before they existed keep their fingerprint.
     """
     chosen = spec.chosen_batching
     budget = {"batching.maxTokens": chosen.max_tokens} if chosen.max_tokens is not None else {}
@@ -106,6 +106,7 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str, prompt: str = "") 
         "sink.collection": spec.sink.collection,
         **budget,
         **chunking,
+        **({"source.textTemplate": spec.source.text_template} if spec.source.text_template is not None else {}),
         **({"model.prompt": prompt} if prompt else {}),
         **({"model.dimensions": spec.model.dimensions} if spec.model.dimensions is not None else {}),
     }

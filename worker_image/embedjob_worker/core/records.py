@@ -25,6 +25,7 @@ class BadReason(str, Enum):
     oversized_record = "oversized_record"  # a line/row over MAX_RECORD_BYTES, skipped unread
     contains_nul = "contains_nul"  # PostgreSQL text cannot store U+0000
     id_too_long = "id_too_long"  # over MAX_ID_BYTES: no index (vectors' primary key) can hold it
+    template_field = "template_field"  # a field spec.source.textTemplate names is missing, null or not text
     # Not a rejection: the text was cut to the model's token limit, embedded and counted.
     truncated = "truncated"
 

@@ -31,6 +31,7 @@ from embedjob.api import Source
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.records import MAX_RECORD_BYTES, BadReason, RawRecord
 from embedjob_worker.source.csv_records import SkippedCsvRecord, csv_records
+from embedjob_worker.source.record_fields import TextOf, columns_for, record_of
 from embedjob_worker.source.dataset import dataset_files, fetched_whole, is_dataset, opened_as_listed
 from embedjob_worker.source.snapshot import InputSnapshot
 from embedjob_worker.source.unavailable import in_a_store
@@ -121,18 +122,18 @@ def source_records(source: Source, uri: str, database_url: str | None,
 
         return read_table_records(database_url, source.table)
     if files:
-        return read_dataset(files, source.format, source.id_field, source.text_field)
-    return read_records(uri, source.format, source.id_field, source.text_field)
+        return read_dataset(files, source.format, source.id_field, source.text_of)
+    return read_records(uri, source.format, source.id_field, source.text_of)
 
 
-def read_records(uri: str, fmt: str, id_field: str, text_field: str, first: int = 0,
+def read_records(uri: str, fmt: str, id_field: str, text_of: TextOf, first: int = 0,
                  opener: Opener | None = None) -> Iterator[RawRecord]:
     """The records of one file, numbered from position `first`; its bytes from `opener` (default: fsspec's)."""
     readers = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}
-    return readers[fmt](uri, id_field, text_field, first, opener or _fsspec_opener(uri))
+    return readers[fmt](uri, id_field, text_of, first, opener or _fsspec_opener(uri))
 
 
-def read_dataset(files: Sequence[InputSnapshot], fmt: str, id_field: str, text_field: str) -> Iterator[RawRecord]:
+def read_dataset(files: Sequence[InputSnapshot], fmt: str, id_field: str, text_of: TextOf) -> Iterator[RawRecord]:
     """The records of a dataset's files in their order, positions running on from file to file; JobFailed
     (InputChanged) at a file that is no longer what the run's snapshot saw.
 
@@ -147,7 +148,7 @@ def read_dataset(files: Sequence[InputSnapshot], fmt: str, id_field: str, text_f
             try:
                 data = ahead.result()
                 ahead = fetcher.submit(fetched_whole, files[number + 1]) if number + 1 < len(files) else None
-                for record in read_records(part.uri, fmt, id_field, text_field, first, _dataset_opener(part, data)):
+                for record in read_records(part.uri, fmt, id_field, text_of, first, _dataset_opener(part, data)):
                     first = record.position + 1
                     yield record
             except (OSError, ValueError, KeyError) as exc:  # named by its file, not by the dataset's pattern
@@ -173,7 +174,7 @@ def count_records(uri: str, fmt: str) -> int | None:
     return lines - 1 if fmt == "csv" else lines
 
 
-def _read_jsonl(uri: str, id_field: str, text_field: str, first: int,
+def _read_jsonl(uri: str, id_field: str, text_of: TextOf, first: int,
                 opener: Opener) -> Iterator[RawRecord]:
     with open_text_source(uri, opener) as f:
         position = first
@@ -190,13 +191,13 @@ def _read_jsonl(uri: str, id_field: str, text_field: str, first: int,
                 yield RawRecord(position, None, None, BadReason.oversized_record, line.detail)
             elif line.strip():
                 yield _jsonl_record(position, line.decode("utf-8", errors="surrogateescape").removeprefix(_BOM),
-                                    id_field, text_field)
+                                    id_field, text_of)
             else:
                 continue
             position += 1
 
 
-def _jsonl_record(position: int, line: str, id_field: str, text_field: str) -> RawRecord:
+def _jsonl_record(position: int, line: str, id_field: str, text_of: TextOf) -> RawRecord:
     try:
         obj = json.loads(line)
     except ValueError as exc:
@@ -205,10 +206,10 @@ def _jsonl_record(position: int, line: str, id_field: str, text_field: str) -> R
         return RawRecord(position, None, None, BadReason.malformed_record, "JSON nested too deeply")
     if not isinstance(obj, dict):
         return RawRecord(position, None, None, BadReason.malformed_record, "not a JSON object")
-    return RawRecord(position, obj.get(id_field), obj.get(text_field))
+    return record_of(position, obj, id_field, text_of)
 
 
-def _read_csv(uri: str, id_field: str, text_field: str, first: int,
+def _read_csv(uri: str, id_field: str, text_of: TextOf, first: int,
               opener: Opener) -> Iterator[RawRecord]:
     # A cell may be as large as a record may be (the csv module's default stops at 128 KiB).
     csv.field_size_limit(MAX_RECORD_BYTES)
@@ -242,9 +243,8 @@ def _read_csv(uri: str, id_field: str, text_field: str, first: int,
                 continue
             if not row:  # a blank line is no record (as csv.DictReader has it)
                 continue
-            cells = dict(zip(header, row))
             # A cell missing from a short row is None: the CSV form of null.
-            yield RawRecord(position, cells.get(id_field), cells.get(text_field))
+            yield record_of(position, dict(zip(header, row)), id_field, text_of)
             position += 1
 
 
@@ -258,18 +258,26 @@ def _csv_row(record: str | SkippedCsvRecord) -> list[str] | SkippedCsvRecord:
         return SkippedCsvRecord(BadReason.malformed_record, f"not a CSV row: {exc}")
 
 
-def _read_parquet(uri: str, id_field: str, text_field: str, first: int,
+def _read_parquet(uri: str, id_field: str, text_of: TextOf, first: int,
                   opener: Opener) -> Iterator[RawRecord]:
     import pyarrow.parquet as pq
 
     with opener() as f:
         parquet = pq.ParquetFile(f)
         position = first
-        for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=[id_field, text_field]):
-            ids = batch.column(id_field).to_pylist()
-            texts = batch.column(text_field).to_pylist()
-            for record_id, text in zip(ids, texts):
-                if isinstance(text, bytes):  # a binary column: decode like the text formats
-                    text = text.decode("utf-8", errors="surrogateescape")
-                yield RawRecord(position, record_id, text)
+        columns = columns_for(parquet.schema_arrow.names, id_field, text_of)
+        for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns):
+            if isinstance(text_of, str):
+                for record_id, text in zip(batch.column(id_field).to_pylist(), batch.column(text_of).to_pylist()):
+                    yield RawRecord(position, record_id, _decoded(text))
+                    position += 1
+                continue
+            for row in batch.to_pylist():  # the template's fields as rows (a struct column as a dict)
+                fields = {name: value if name == id_field else _decoded(value) for name, value in row.items()}
+                yield record_of(position, fields, id_field, text_of)
                 position += 1
+
+
+def _decoded(value):
+    """A binary column's value decoded as the text formats are."""
+    return value.decode("utf-8", errors="surrogateescape") if isinstance(value, bytes) else value
