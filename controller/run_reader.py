@@ -29,6 +29,7 @@ class RunRow(RunCounters):
     reason: str | None = None
     error: str | None = None
     heartbeat_at: dt.datetime | None = None
+    prompt: str | None = None  # the document prompt the run embedded with (migration 0013)
 
 
 # The columns of a RunRow, by field name (a field without a column fails here, at import).

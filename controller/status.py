@@ -89,7 +89,7 @@ def progress_of(run: RunRow) -> dict[str, Any]:
     """`status.progress`: the run's counters (texts/s to one decimal) and a summary."""
     counters = run.model_dump(include=set(RunCounters.model_fields))
     counters["texts_per_second"] = round(run.texts_per_second, 1)
-    return _wire(Progress(**counters, summary=_summary(run)))
+    return _wire(Progress(**counters, summary=_summary(run), prompt=run.prompt))
 
 
 def failure(rayjob_status: dict[str, Any], run: RunRow | None) -> tuple[str, str]:

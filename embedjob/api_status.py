@@ -45,6 +45,10 @@ class Progress(RunCounters):
     PostgreSQL (the operator needs a database URL for this: docs/install.md)."""
 
     summary: str | None = Field(None, max_length=64, description="e.g. 120/400 batches, for printer columns.")
+    prompt: str | None = Field(
+        None, max_length=1024, description="The document prompt the run embedded its texts with (its first 200 "
+        "characters), and why: e.g. "
+        "'passage: ' (the model's 'passage' prompt (its document prompt)), or none (docs/prompts.md).")
 
 
 class EmbeddingJobStatus(ApiModel):

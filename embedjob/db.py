@@ -64,6 +64,7 @@ runs = sa.Table(
     sa.Column("chunks_embedded", sa.BigInteger, nullable=False, server_default="0"),  # migration 0009
     sa.Column("precision_cosine_mean", sa.Float),  # migration 0012
     sa.Column("precision_cosine_min", sa.Float),
+    sa.Column("prompt", sa.Text),  # migration 0013: the document prompt used, and why (status.progress.prompt)
     sa.Column("reason", sa.String(64)),  # CamelCase, e.g. TooManyFailedBatches; set when failed
     sa.Column("error", sa.Text),
     # The driver session that owns the run (migration 0010): set by each start or resume; a group

@@ -51,6 +51,8 @@ def test_vectors_are_encode_document_cut_to_the_dimensions_and_search_embeds_wit
     summary = run_job(JobConfig.from_manifest(job), database_url)
     assert summary.state == "succeeded", summary.error
     assert summary.prompt == "'passage: ' (the model's 'passage' prompt (its document prompt))"
+    recorded = query(database_url, "SELECT prompt FROM embedjob_runs WHERE run_id = :r", r=summary.run_id)
+    assert recorded[0].prompt == summary.prompt  # what the operator shows as status.progress.prompt
 
     rows = query(database_url, "SELECT record_id, text, revision, embedding::text AS embedding FROM prompted_vectors"
                                " WHERE collection = 'prompted' ORDER BY record_id")

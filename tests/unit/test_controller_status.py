@@ -262,3 +262,9 @@ def test_a_new_attempt_after_a_failed_one_shows_as_retrying(deployment):
 def test_a_first_attempt_has_no_failed_count():
     st = status.desired_status({}, observe(verdict=ACCEPTED, rj=rayjob("Initializing")))
     assert st["reason"] == "Initializing" and "failedAttempts" not in st
+
+
+def test_progress_shows_the_document_prompt_of_the_run_row():
+    prompted = run().model_copy(update={"prompt": "'passage: ' (the model's 'passage' prompt (its document prompt))"})
+    assert status.progress_of(prompted)["prompt"] == "'passage: ' (the model's 'passage' prompt (its document prompt))"
+    assert "prompt" not in status.progress_of(run())  # a run row from before migration 0013

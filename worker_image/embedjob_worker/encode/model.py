@@ -31,6 +31,8 @@ from embedjob_worker.encode.model_store import fetch_model, weights_revision
 _MODEL_MARKERS = ("modules.json", "config_sentence_transformers.json")
 # The revision columns (of the run rows and the vectors table) hold at most this many characters.
 REVISION_MAX_CHARS = runs.c.revision.type.length
+# How much of a long prompt the summary and the status show (the run identity keeps all of it).
+PROMPT_SHOWN_CHARS = 200
 # A spec revision never contains "+" (its pattern), so the tag cannot be mistaken for one.
 BACKEND_TAG_SEPARATOR = "+"
 # What each backend needs installed in the worker image (the `backends` extra).
@@ -205,4 +207,7 @@ def check_dimensions(resolved: ResolvedModel, model_dimension: int) -> None:
 def described_prompt(resolved: ResolvedModel) -> str:
     """The document prompt for the summary and the log: `"passage: " (the model's 'passage' prompt ...)`."""
     prompt = resolved.prompt
-    return f"{prompt.text!r} ({prompt.chosen_by})" if prompt.text else prompt.chosen_by
+    if not prompt.text:
+        return prompt.chosen_by
+    shown = prompt.text if len(prompt.text) <= PROMPT_SHOWN_CHARS else prompt.text[:PROMPT_SHOWN_CHARS] + "…"
+    return f"{shown!r} ({prompt.chosen_by})"

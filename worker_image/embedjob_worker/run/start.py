@@ -12,7 +12,7 @@ from embedjob import db
 from embedjob_worker.core.config import JobConfig, config_fingerprint, run_identity
 from embedjob_worker.core.errors import JobFailed, Unreachable
 from embedjob_worker.core.logs import log_event
-from embedjob_worker.encode.model import ResolvedModel, resolve_model
+from embedjob_worker.encode.model import ResolvedModel, described_prompt, resolve_model
 from embedjob_worker.encode.model_card import trained_for_truncation
 from embedjob_worker.encode.tokens import chunker_for, load_tokenizer, model_token_limit, token_budget
 from embedjob_worker.plan.batching import TokenBudget, batch_key
@@ -68,7 +68,7 @@ def start_run(config: JobConfig, runs: JobRuns, new_run: bool) -> StartedRun:
     # A table's rows change by design: each sync after a finished one is a run of its own (docs/table-source.md).
     new_run = new_run or (spec.source.table is not None and latest_run_succeeded(runs.engine, config.job_key))
     start = runs.start(RunRequest(resolved.name, resolved.revision, snapshot.fingerprint, config_fp, identity,
-                                  snapshot.record()), new_run, config.how_to_start_anew)
+                                  snapshot.record(), described_prompt(resolved)), new_run, config.how_to_start_anew)
     files = snapshot.files if isinstance(snapshot, DatasetSnapshot) else ()
     return StartedRun(start, resolved, uri, batch_key(snapshot.fingerprint, config_fp), budget, chunker, files)
 

@@ -54,6 +54,7 @@ class RunRequest:
     config_fingerprint: str
     identity: dict | None = None  # config.run_identity: the settings config_fingerprint hashes, by spec path
     input_record: dict | None = None  # the input's snapshot (snapshot.InputSnapshot.record)
+    prompt: str | None = None  # the document prompt, and why (model.described_prompt)
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ class JobRuns:
             collection=self.target.collection, vectors_table=self.target.table, model=request.model,
             revision=request.revision, input_fingerprint=request.input_fingerprint,
             config_fingerprint=request.config_fingerprint, identity=request.identity, input=request.input_record,
+            prompt=request.prompt,
             state="failed" if reason else "running", driver_session=session,
             reason=reason, error=error and mask_secrets(error), finished_at=sa.func.now() if reason else None))
         return run_id
