@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from embedjob import api, crd
-from embedjob.text_template import Field, FieldNotText, parse_template
+from embedjob.text_template import Field, FieldNotText, field_of, parse_template
 from embedjob_worker.core.config import run_identity
 from embedjob_worker.core.records import BadReason, Record
 from embedjob_worker.plan.checks import classify_records
@@ -68,7 +68,6 @@ def test_the_crd_carries_the_table_rule_and_the_run_identity_the_template():
 def test_a_field_is_its_own_name_first_then_a_path_into_nested_objects():
     template = parse_template("{a.b}|{c.d}|{first name}")
     record = {"a.b": "dotted key", "a": {"b": "nested"}, "c": {"d": "path"}, "first name": "spaced"}
-    from embedjob.text_template import field_of
     assert template.render(lambda name: field_of(record, name)) == "dotted key|path|spaced"
 
 
@@ -77,7 +76,6 @@ def test_a_field_is_its_own_name_first_then_a_path_into_nested_objects():
     ({"x": "y"}, "is an object"), (["x"], "is a list"),
 ])
 def test_a_field_that_is_not_text_says_what_it_is(value, why):
-    from embedjob.text_template import field_of
     with pytest.raises(FieldNotText, match=f"textTemplate field 'body' {why}"):
         parse_template("{title}: {body}").render(lambda name: field_of({"title": "t", "body": value}, name))
     with pytest.raises(FieldNotText, match="textTemplate field 'body' is missing"):
@@ -94,11 +92,6 @@ HOSTILE = [
     {"id": "big", "title": "T", "body": "word " * 2_000_000},
 ]
 TEMPLATE = "{title}\n\n{body}"
-
-
-def expected_outcomes(records):
-    return {r.id if isinstance(r, Record) else r.record_id: (r.text if isinstance(r, Record) else r.reason)
-            for r in records}
 
 
 def test_jsonl_records_are_rendered_and_a_bad_field_fails_only_its_record(tmp_path):
