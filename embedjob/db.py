@@ -141,6 +141,23 @@ seen_ids = sa.Table(
 )
 
 
+
+# One row per shard of a dataset (spec.source.uri a prefix or glob) that a run's driver has read through: consecutive
+# files, from `first_file` (its place in the run's listing) on. A resumed session skips a shard whose `batch_ids`
+# (the batches it sent to the model) have all been written, and adds `counts` (what only the driver counts) and
+# its records to its own instead of reading its files again. The rows go at the run's end, like its seen ids.
+run_shards = sa.Table(
+    "embedjob_run_shards",
+    metadata,
+    sa.Column("run_id", sa.String(36), sa.ForeignKey(runs.c.run_id, ondelete="CASCADE"), primary_key=True),
+    sa.Column("first_file", sa.Integer, primary_key=True),
+    sa.Column("files", sa.Integer, nullable=False),
+    sa.Column("records", sa.BigInteger, nullable=False),
+    sa.Column("batches", sa.Integer, nullable=False),
+    sa.Column("counts", postgresql.JSONB, nullable=False),
+    sa.Column("batch_ids", postgresql.ARRAY(sa.Text), nullable=False),
+)
+
 # One row per job that uses a detached actor pool on a shared Ray cluster
 # (spec.clusterSelector). A lease is live while it is not released and its heartbeat is
 # fresh; the operator removes a pool's actors only when none of its leases is live, and

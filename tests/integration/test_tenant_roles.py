@@ -55,6 +55,8 @@ def _rows_of_job(run: dict, n: int) -> dict[sa.Table, dict]:
                             "outcome": "succeeded"},
         db.record_errors: {"run_id": run_id, "position": n, "job_key": key, "reason": "EmptyText"},
         db.seen_ids: {"run_id": run_id, "record_id": f"rec-{n}", "position": n},
+        db.run_shards: {"run_id": run_id, "first_file": n, "files": 1, "records": 3, "batches": 1, "counts": {},
+                        "batch_ids": [f"batch-{n}"]},
         db.pool_leases: {"lease_id": str(uuid.uuid4()), "pool": "p", "cluster": f"{run['namespace']}/ray",
                          "job_key": key, "job_name": "pep", "namespace": run["namespace"], "actors": 1},
     }
@@ -89,9 +91,9 @@ def test_a_tenant_cannot_read_insert_update_or_delete_another_namespaces_rows(da
     a = tenant_a.engine()
     with a.begin() as conn:
         assert conn.execute(sa.select(table)).all() == []
-        column = {db.runs: "state", db.pool_leases: "actors", db.seen_ids: "position", db.record_errors: "detail",
+        column = {db.runs: "state", db.pool_leases: "actors", db.seen_ids: "position", db.run_shards: "records", db.record_errors: "detail",
                   db.batch_attempts: "reason", db.batches: "state"}[table]
-        value = {"actors": 9, "position": 99}.get(column, "failed")
+        value = {"actors": 9, "position": 99, "records": 99}.get(column, "failed")
         assert conn.execute(table.update().values({column: value})).rowcount == 0
         assert conn.execute(table.delete()).rowcount == 0
     assert RLS_REFUSED in _refused(a, table.insert().values(**_rows_of_job(run_b, 1)[table]))
@@ -248,3 +250,25 @@ def test_a_tenant_migrates_nothing_at_head_and_says_why_it_cannot_migrate(databa
     assert "run `python -m embedjob.tenants migrate`" in summary.error
     assert tenants.main(["--database-url", database_url, "migrate"]) == 0
     db.migrate(tenant_a.url)
+
+
+def test_a_role_granted_before_the_shards_table_came_may_use_it_after_the_upgrade(database_url, tenant_a, tenant_b):
+    cfg = Config()
+    cfg.set_main_option("script_location", str(db.MIGRATIONS_DIR))
+    owner = sa.create_engine(database_url)
+    with owner.begin() as conn:  # the tenants were granted at 0013, before embedjob_run_shards
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0013")
+    owner.dispose()
+    db.migrate(database_url)  # the owner upgrades; nobody runs `tenants grant` again
+    a, b = tenant_a.engine(), tenant_b.engine()
+    run_a, run_b = _run("team-a", "uid-a"), _run("team-b", "uid-b")
+    for engine, run in ((a, run_a), (b, run_b)):
+        with engine.begin() as conn:
+            conn.execute(db.runs.insert().values(**run))
+            conn.execute(db.run_shards.insert().values(**_rows_of_job(run, 0)[db.run_shards]))
+    with a.connect() as conn:  # still confined to its own namespace's rows
+        assert conn.execute(sa.select(db.run_shards.c.run_id)).scalars().all() == [run_a["run_id"]]
+    assert RLS_REFUSED in _refused(a, db.run_shards.insert().values(**_rows_of_job(run_b, 1)[db.run_shards]))
+    a.dispose()
+    b.dispose()
