@@ -10,7 +10,7 @@ from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.run.job import run_job
 from embedjob_worker.source import dataset, s3_objects
 from embedjob_worker.source.dataset import dataset_snapshot
-from embedjob_worker.source.files import read_dataset
+from embedjob_worker.source.dataset_reader import read_dataset
 from support.driver_crash import assert_resumed_exactly, kill_driver_after
 from support.driver_jobs import manifest
 from support.object_files import corpus_records, encoded
@@ -140,13 +140,25 @@ def test_a_parquet_glob_reads_only_its_columns_and_nothing_matched_is_source_una
                              "no file matches the pattern")
 
 
-def test_killing_the_driver_mid_dataset_resumes_skipping_what_it_wrote(s3_env, ray_address, database_url, tmp_path):
+def test_killing_the_driver_mid_dataset_resumes_skipping_the_files_it_finished(s3_env, ray_address, database_url,
+                                                                              tmp_path, caplog):
     server, bucket = s3_env
     records = corpus_records(320, start=6200)
     upload_parts(server, bucket, records)
     spec = manifest(f"s3://{bucket}/corpus/", "killed", batch_size=16, max_in_flight=2)
-    committed, dispatched = kill_driver_after(spec, database_url, ray_address, tmp_path / "driver.log", batches=4)
+    spec["spec"]["batching"]["sortWindow"] = 16  # shards of 4 windows: 4 parts of 16 records, 4 batches
+    committed, dispatched = kill_driver_after(spec, database_url, ray_address, tmp_path / "driver.log", batches=8)
     assert committed <= dispatched and len(dispatched - committed) <= 2
+    # The shards the killed session read through and whose batches were all written; the first one at least (its
+    # row is queued before the next shard's first batch is dispatched, so it commits before that batch does).
+    shards = query(database_url, "SELECT first_file, batch_ids FROM embedjob_run_shards ORDER BY first_file")
+    finished = [first for first, batch_ids in shards if set(batch_ids) <= committed]
+    assert finished[:1] == [0], finished
 
-    assert_resumed_exactly(run_job(JobConfig.from_manifest(spec), database_url), committed, database_url,
-                           records=320, batches=20)
+    with caplog.at_level("INFO", logger="embedjob_worker.plan.feed"):
+        summary = run_job(JobConfig.from_manifest(spec), database_url)
+    assert_resumed_exactly(summary, committed, database_url, records=320, batches=20)
+    skipped = [int(r.fields["first_file"]) for r in caplog.records if r.getMessage() == "shard_skipped"]
+    assert skipped == finished
+    assert summary.counters.records_total == 320 and summary.counters.batches_total == 20
+    assert query(database_url, "SELECT count(*) FROM embedjob_run_shards")[0][0] == 0  # gone with the run's end

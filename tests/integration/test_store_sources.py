@@ -13,7 +13,8 @@ import yaml
 
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.source.dataset import dataset_snapshot, is_dataset
-from embedjob_worker.source.files import read_dataset, read_records
+from embedjob_worker.source.dataset_reader import read_dataset
+from embedjob_worker.source.files import read_records
 from embedjob_worker.source.snapshot import input_snapshot
 from embedjob_worker.source.unavailable import store_unavailable
 from support.cli import EMBEDJOB, manifest, run

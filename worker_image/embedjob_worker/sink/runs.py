@@ -9,7 +9,7 @@ another session in the row and rolls back (DriverSuperseded).
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import sqlalchemy as sa
 
@@ -19,6 +19,8 @@ from embedjob_worker.core.config import identity_changes
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.logs import mask_secrets
 from embedjob_worker.core.outcome import ADDED_COUNTERS, KEPT_ON_RESUME, CounterUpdate, DoneBatch
+from embedjob_worker.core.shards import ShardRead
+from embedjob_worker.core.tally import DriverCounts
 from embedjob_worker.sink.target import SinkTarget
 from embedjob_worker.source.dataset import dataset_changes
 from embedjob_worker.source.snapshot import describe_input
@@ -170,14 +172,31 @@ class JobRuns:
 
     def finish(self, run: RunSession, state: str, reason: str | None, error: str | None,
                update: CounterUpdate | None = None) -> dict:
-        """The run's end (its seen ids, seen_ids.SeenIds, go: a resumed run rebuilds them); the run row's counters."""
+        """The run's end (its seen ids, seen_ids.SeenIds, and shards read go: only a resumed session needs them); the run
+        row's counters."""
         update = update or CounterUpdate()
         with self.engine.begin() as conn:
             conn.execute(db.seen_ids.delete().where(db.seen_ids.c.run_id == run.run_id))
+            conn.execute(db.run_shards.delete().where(db.run_shards.c.run_id == run.run_id))
             row = update_run(conn, run, {**counter_values({}, update.driver), **update.set, "state": state,
                                          "reason": reason, "error": error and mask_secrets(error),
                                          "finished_at": sa.func.now()})
         return dict(row._mapping)
+
+
+def shard_row(run_id: str, shard: ShardRead) -> dict:
+    """`shard` as its embedjob_run_shards row."""
+    return {"run_id": run_id, "first_file": shard.first_file, "files": shard.files, "records": shard.records,
+            "batches": shard.batches, "counts": asdict(shard.counts), "batch_ids": list(shard.batch_ids)}
+
+
+def shards_read(engine: sa.Engine, run_id: str) -> dict[int, ShardRead]:
+    """The shards of the run's dataset its earlier sessions read through, by their first file."""
+    shards = db.run_shards
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(shards).where(shards.c.run_id == run_id)).all()
+    return {row.first_file: ShardRead(row.first_file, row.files, row.records, row.batches, DriverCounts(**row.counts),
+                                      tuple(row.batch_ids)) for row in rows}
 
 
 def _refusal(latest: sa.Row, request: RunRequest, how_to_start_anew: str) -> str:

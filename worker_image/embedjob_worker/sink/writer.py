@@ -1,4 +1,4 @@
-"""The writer thread: finished batches and bad records go to PostgreSQL in groups, off the driver loop.
+"""The writer thread: finished batches, bad records and shards read go to PostgreSQL in groups, off the driver loop.
 
 Keeps PostgreSQL round trips off the driver loop; batches queued here count against
 maxInFlight, so a crash still loses at most maxInFlight batches. With nothing to write
@@ -6,19 +6,20 @@ it still writes the run's counters every HEARTBEAT_S, which is the run's heartbe
 write that fails on a lost connection is retried (errors.retry_database), so a database
 restart or failover shorter than DATABASE_OUTAGE_S costs the job nothing. `write_group`
 is that write, also what each writer actor does (spec.sink.writers, writer_pool.py); then
-this thread writes only bad records and the driver's own counts.
+this thread writes only bad records, shards read and the driver's own counts.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from embedjob_worker.core.errors import DB_ERRORS, JobFailed, retry_database
 from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, CounterUpdate, now
 from embedjob_worker.core.records import BadRecord
+from embedjob_worker.core.shards import ShardRead
 from embedjob.contract import HEARTBEAT_S
 from embedjob_worker.sink.postgres import PostgresSink
 from embedjob_worker.sink.runs import RunSession
@@ -38,9 +39,9 @@ def note_write_retry(outcomes: list[BatchOutcome], reason: str) -> None:
 
 
 def write_group(sink: PostgresSink, run: RunSession, outcomes: list[BatchOutcome], bad_records: list[BadRecord],
-                update: CounterUpdate | None = None) -> list[BatchOutcome]:
+                update: CounterUpdate | None = None, shards: Sequence[ShardRead] = ()) -> list[BatchOutcome]:
     """One group in one transaction (sink.write), retried while the database is lost; the outcomes committed."""
-    return retry_database(lambda: sink.write(run, outcomes, bad_records, update), "sink_write",
+    return retry_database(lambda: sink.write(run, outcomes, bad_records, update, shards), "sink_write",
                           lambda exc: note_write_retry(outcomes, f"DatabaseWriteFailed: {exc}"))
 
 
@@ -77,6 +78,11 @@ class _BadRecords:
 
 
 @dataclass(frozen=True)
+class _ShardRead:
+    shard: ShardRead
+
+
+@dataclass(frozen=True)
 class _Stop:
     """Write what is queued before this, then end the thread."""
 
@@ -89,7 +95,7 @@ class SinkWriter(UncommittedBatches):
         super().__init__()
         self.sink, self.run, self.tally, self.lock_lost = sink, run, tally, lock_lost
         self.error: BaseException | None = None
-        self._queue: queue.Queue[BatchOutcome | _BadRecords | _Stop] = queue.Queue()
+        self._queue: queue.Queue[BatchOutcome | _BadRecords | _ShardRead | _Stop] = queue.Queue()
         self._bad_group_slots = threading.Semaphore(_MAX_QUEUED_BAD_GROUPS)
         self._thread = threading.Thread(target=self._run, name="embedjob-sink", daemon=True)
         self._thread.start()
@@ -108,6 +114,10 @@ class SinkWriter(UncommittedBatches):
                 raise write_failure
         self._queue.put(_BadRecords(tuple(bad_records)))
 
+    def put_shard_read(self, shard: ShardRead) -> None:
+        """Queue a dataset's shard read through: written after the bad records queued before it."""
+        self._queue.put(_ShardRead(shard))
+
     def failure(self) -> JobFailed | None:
         """Why writing failed for good: the database was lost, or a write the driver did not foresee failed."""
         return None if self.error is None else write_failure(self.error)
@@ -122,6 +132,7 @@ class SinkWriter(UncommittedBatches):
         while not stopping and self.error is None:
             outcomes: list[BatchOutcome] = []
             bad_records: list[BadRecord] = []
+            shards: list[ShardRead] = []
             bad_groups = 0
             for item in self._next_group():
                 match item:
@@ -130,10 +141,12 @@ class SinkWriter(UncommittedBatches):
                     case _BadRecords(records):
                         bad_records.extend(records)
                         bad_groups += 1
+                    case _ShardRead(shard):
+                        shards.append(shard)
                     case _Stop():
                         stopping = True
             try:
-                self._write(outcomes, bad_records)
+                self._write(outcomes, bad_records, shards)
             except BaseException as exc:  # noqa: BLE001 - handed to the driver loop, which fails the job
                 self.error = exc
             for _ in range(bad_groups):
@@ -143,7 +156,7 @@ class SinkWriter(UncommittedBatches):
                     self._uncommitted -= len(outcomes)
                 self._changed.notify_all()
 
-    def _next_group(self) -> list[BatchOutcome | _BadRecords | _Stop]:
+    def _next_group(self) -> list[BatchOutcome | _BadRecords | _ShardRead | _Stop]:
         """What has queued up, waiting at most HEARTBEAT_S for the first item (none: a heartbeat write)."""
         try:
             items = [self._queue.get(timeout=HEARTBEAT_S)]
@@ -156,8 +169,8 @@ class SinkWriter(UncommittedBatches):
                 break
         return items
 
-    def _write(self, outcomes: list[BatchOutcome], bad_records: list[BadRecord]) -> None:
+    def _write(self, outcomes: list[BatchOutcome], bad_records: list[BadRecord], shards: list[ShardRead]) -> None:
         if (lost := self.lock_lost()) is not None:  # checked at least every HEARTBEAT_S
             raise lost
         update = self.tally.driver_update(outcomes)
-        self.tally.commit(write_group(self.sink, self.run, outcomes, bad_records, update))
+        self.tally.commit(write_group(self.sink, self.run, outcomes, bad_records, update, shards))

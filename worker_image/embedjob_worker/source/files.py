@@ -14,9 +14,8 @@ import csv
 import io
 import json
 import zlib
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import IO
@@ -28,12 +27,10 @@ from fsspec.utils import infer_compression
 
 from embedjob.api import Source
 
-from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.records import MAX_RECORD_BYTES, BadReason, RawRecord
 from embedjob_worker.source.csv_records import SkippedCsvRecord, csv_records
 from embedjob_worker.source.record_fields import TextOf, columns_for, record_of
-from embedjob_worker.source.dataset import dataset_files, fetched_whole, is_dataset, opened_as_listed
-from embedjob_worker.source.snapshot import InputSnapshot
+from embedjob_worker.source.dataset import dataset_files, is_dataset
 from embedjob_worker.source.unavailable import in_a_store
 
 _PARQUET_BATCH_ROWS = 4096
@@ -78,7 +75,7 @@ def bounded_lines(f: IO, limit: int = MAX_RECORD_BYTES) -> Iterator:
         yield OversizedLine(size)
 
 
-# Opens a file's raw (still compressed) bytes for reading: fsspec's, by default, or a dataset's (read_dataset).
+# Opens a file's raw (still compressed) bytes for reading: fsspec's, by default, or a dataset's (dataset_reader).
 Opener = Callable[[], AbstractContextManager[IO[bytes]]]
 
 
@@ -96,11 +93,6 @@ def open_text_source(uri: str, opener: Opener | None = None) -> Iterator[IO[byte
             yield io.BufferedReader(raw, _READ_BUFFER) if isinstance(raw, AbstractBufferedFile) else raw
 
 
-def _dataset_opener(part: InputSnapshot, fetched: bytes | None) -> Opener:
-    """A dataset file's bytes: fetched already (dataset.fetched_whole), else opened once checked against its listing."""
-    return partial(nullcontext, io.BytesIO(fetched)) if fetched is not None else partial(opened_as_listed, part)
-
-
 def _fsspec_opener(uri: str) -> Opener:
     return partial(fsspec.open, uri, "rb")
 
@@ -113,16 +105,13 @@ def resolve_uri(uri: str, base_dir: Path | None) -> str:
     return str((base_dir / uri).resolve()) + ("/" if uri.endswith("/") else "")
 
 
-def source_records(source: Source, uri: str, database_url: str | None,
-                   files: Sequence[InputSnapshot] = ()) -> Iterator[RawRecord]:
-    """The records of spec.source: its file at `uri`, the `files` of its dataset (dataset.DatasetSnapshot), or
-    its table (read from `database_url`)."""
+def source_records(source: Source, uri: str, database_url: str | None) -> Iterator[RawRecord]:
+    """The records of spec.source: its one file at `uri`, or its table (read from `database_url`); a dataset's
+    are read by dataset_reader."""
     if source.table is not None:
         from embedjob_worker.source.table import read_table_records  # psycopg: only table sources need it
 
         return read_table_records(database_url, source.table)
-    if files:
-        return read_dataset(files, source.format, source.id_field, source.text_of)
     return read_records(uri, source.format, source.id_field, source.text_of)
 
 
@@ -131,28 +120,6 @@ def read_records(uri: str, fmt: str, id_field: str, text_of: TextOf, first: int 
     """The records of one file, numbered from position `first`; its bytes from `opener` (default: fsspec's)."""
     readers = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}
     return readers[fmt](uri, id_field, text_of, first, opener or _fsspec_opener(uri))
-
-
-def read_dataset(files: Sequence[InputSnapshot], fmt: str, id_field: str, text_of: TextOf) -> Iterator[RawRecord]:
-    """The records of a dataset's files in their order, positions running on from file to file; JobFailed
-    (InputChanged) at a file that is no longer what the run's snapshot saw.
-
-    While one file is parsed, the next is fetched in a thread when it is a store's and at most
-    WHOLE_FILE_BYTES (checked against the listing, then read whole in one request), so that the store's
-    latency overlaps the parsing; a larger one is streamed as it is parsed. At most two files' bytes
-    are held."""
-    first = 0
-    with ThreadPoolExecutor(1, thread_name_prefix="embedjob-fetch") as fetcher:
-        ahead = fetcher.submit(fetched_whole, files[0]) if files else None
-        for number, part in enumerate(files):
-            try:
-                data = ahead.result()
-                ahead = fetcher.submit(fetched_whole, files[number + 1]) if number + 1 < len(files) else None
-                for record in read_records(part.uri, fmt, id_field, text_of, first, _dataset_opener(part, data)):
-                    first = record.position + 1
-                    yield record
-            except (OSError, ValueError, KeyError) as exc:  # named by its file, not by the dataset's pattern
-                raise JobFailed("SourceUnreadable", f"reading {part.uri}: {type(exc).__name__}: {exc}") from None
 
 
 def count_records(uri: str, fmt: str) -> int | None:
