@@ -25,7 +25,7 @@ from .api_pod_volumes import RESERVED_ENV_PREFIX
 from .api_pods import HEAD_CONTAINER, WORKER_CONTAINER, Head, PodDefaults
 from .api_model import HALF_PRECISIONS, Model, ModelBackend, ModelPrecision, ModelPrompt
 from .api_batching import Batching, ChosenBatching, choose_batching
-from .api_sections import ApiModel, Chunking, Retry, Source, Sync, Workers
+from .api_sections import MAX_METADATA_BYTES, ApiModel, Chunking, Retry, Source, Sync, Workers
 from .api_sink import HNSW_DEFAULT_EF_CONSTRUCTION, HNSW_DEFAULT_M, IndexType, Sink, VectorIndex
 from .api_table import NULL_OPS, SOURCE_IDENTIFIER, SourceTable, TableFilter
 
@@ -33,7 +33,8 @@ from .api_table import NULL_OPS, SOURCE_IDENTIFIER, SourceTable, TableFilter
 # embedjob.api_status; the modules behind this one are the API's own building blocks).
 __all__ = [
     "API_VERSION", "DEFAULT_TTL_SECONDS_AFTER_FINISHED", "DNS_LABEL", "DNS_SUBDOMAIN", "GROUP", "HALF_NEEDS_GPU",
-    "HALF_PRECISIONS", "HEAD_CONTAINER", "HNSW_DEFAULT_EF_CONSTRUCTION", "HNSW_DEFAULT_M", "KIND", "NULL_OPS",
+    "HALF_PRECISIONS", "HEAD_CONTAINER", "HNSW_DEFAULT_EF_CONSTRUCTION", "HNSW_DEFAULT_M", "KIND", "MAX_METADATA_BYTES",
+    "NULL_OPS",
     "PLURAL", "RAY_CLUSTER_SELECTOR_KEY", "RESERVED_ENV_PREFIX", "SHORT_NAMES", "SINGULAR", "SOURCE_IDENTIFIER",
     "VERSION", "WORKER_CONTAINER", "CHUNK_WITHIN_MODEL", "OVERLAP_WITHIN_MODEL",
     "ApiModel", "Batching", "ChosenBatching", "Chunking", "EmbeddingJobSpec", "Head", "IndexType", "Model",
@@ -67,6 +68,12 @@ OVERLAP_WITHIN_MODEL = (
     "!has(self.chunking) || has(self.chunking.maxTokens) || !has(self.chunking.overlapTokens) "
     "|| !has(self.model.maxSeqLength) || 2 * self.chunking.overlapTokens <= self.model.maxSeqLength",
     "chunking.overlapTokens must be at most half of the chunk size (unset maxTokens: model.maxSeqLength)",
+)
+
+METADATA_INDEX_NEEDS_FIELDS = (
+    "!has(self.sink.index) || !has(self.sink.index.metadata) || !self.sink.index.metadata "
+    "|| has(self.source.metadataFields)",
+    "sink.index.metadata indexes the metadata that source.metadataFields keeps: set metadataFields too",
 )
 
 
@@ -131,6 +138,7 @@ class EmbeddingJobSpec(ApiModel):
                 ),
                 cel(*CHUNK_WITHIN_MODEL, ".chunking.maxTokens"),
                 cel(*OVERLAP_WITHIN_MODEL, ".chunking.overlapTokens"),
+                cel(*METADATA_INDEX_NEEDS_FIELDS, ".sink.index.metadata"),
             ]
         }
     )
@@ -193,6 +201,12 @@ class EmbeddingJobSpec(ApiModel):
     def _half_precision_on_gpu(self) -> "EmbeddingJobSpec":
         if self.model.precision in HALF_PRECISIONS and not self.workers.gpus_per_actor:
             raise ValueError(HALF_NEEDS_GPU)
+        return self
+
+    @model_validator(mode="after")
+    def _metadata_index_has_metadata(self) -> "EmbeddingJobSpec":
+        if self.sink.index is not None and self.sink.index.metadata and not self.source.metadata_fields:
+            raise ValueError(METADATA_INDEX_NEEDS_FIELDS[1])
         return self
 
     @model_validator(mode="after")

@@ -11,6 +11,7 @@ with each field's default appended there.
 from __future__ import annotations
 
 import math
+import re
 from enum import Enum
 from typing import Annotated
 
@@ -21,7 +22,7 @@ from .api_pods import WorkerPodTemplate
 from .api_rules import (
     CPU_STEP, CPU_STEP_RULE, GPU_SHARE_RULE, MIN_GPU_SHARE, cel, ray_quantity,
 )
-from .api_table import SourceTable
+from .api_table import SOURCE_IDENTIFIER, SourceTable
 from .text_template import TextTemplate, parse_template
 
 
@@ -35,6 +36,11 @@ DEFAULT_TEXT_FIELD = "text"
 TEMPLATE_NOT_FOR_TABLES = ("textTemplate builds the text of a file source's records; a table source selects its text "
                            "in a view (docs/table-source.md)")
 TEMPLATE_OR_TEXT_FIELD = "set textTemplate or textField, not both: the template names its fields itself"
+MAX_METADATA_FIELDS = 32
+# A record's metadata (its JSON) larger than this fails the record (metadata_too_large).
+MAX_METADATA_BYTES = 64 * 1024
+METADATA_COLUMN = ("a table source's metadataFields are its columns: letters, digits and underscores, not starting "
+                   "with a digit, at most 63 characters")
 
 
 class Source(ApiModel):
@@ -46,6 +52,10 @@ class Source(ApiModel):
             "x-kubernetes-validations": [
                 cel("has(self.uri) != has(self.table)", "set exactly one of uri and table", ".uri"),
                 cel("!has(self.textTemplate) || !has(self.table)", TEMPLATE_NOT_FOR_TABLES, ".textTemplate"),
+                cel("!has(self.metadataFields) || self.metadataFields.all(n, self.metadataFields.exists_one(m, m == n))",
+                    "a field is named twice", ".metadataFields"),
+                cel(f"!has(self.metadataFields) || !has(self.table) || self.metadataFields.all(n, "
+                    f"n.matches('{SOURCE_IDENTIFIER}'))", METADATA_COLUMN, ".metadataFields"),
                 cel("!has(self.databaseSecretRef) || has(self.table)",
                     "databaseSecretRef names the database of a table source; a file source has none",
                     ".databaseSecretRef"),
@@ -83,6 +93,15 @@ class Source(ApiModel):
         "fields, or whose field is not text, fails alone (reason template_field, naming it). File sources only "
         "(a table source selects its text in a view); not with a textField other than text (docs/sources.md).",
     )
+    metadata_fields: list[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00]*$")]] | None = Field(
+        None, min_length=1, max_length=MAX_METADATA_FIELDS,
+        description=f"Fields kept beside each record's vectors, in the vectors table's metadata (jsonb) under their "
+        f"names (1-{MAX_METADATA_FIELDS}): fields of a JSON line (a dotted name is a path into nested objects where "
+        "no field has the name itself), columns of a CSV or Parquet file or of the table. A field a record lacks is "
+        "null; a value JSON cannot hold (NUL, not UTF-8, NaN, bytes) or metadata over "
+        f"{MAX_METADATA_BYTES // 1024} KiB fails that record alone, naming the field. A re-run updates metadata "
+        "that alone changed without embedding the text again (docs/sources.md).",
+    )
     table: SourceTable | None = Field(
         None, description="A PostgreSQL table or view to embed instead of a file (docs/table-source.md).")
     database_secret_ref: SecretKeyRef | None = Field(
@@ -98,7 +117,19 @@ class Source(ApiModel):
             raise ValueError(TEMPLATE_NOT_FOR_TABLES)
         if self.text_template is not None and self.text_field != DEFAULT_TEXT_FIELD:
             raise ValueError(TEMPLATE_OR_TEXT_FIELD)
+        if self.table is not None:
+            for index, name in enumerate(self.metadata_fields or []):
+                if not re.fullmatch(SOURCE_IDENTIFIER, name):
+                    raise ValueError(f"metadataFields[{index}]: {METADATA_COLUMN}")
         return self
+
+    @field_validator("metadata_fields")
+    @classmethod
+    def _metadata_names_once(cls, names: list[str] | None) -> list[str] | None:
+        for index, name in enumerate(names or []):
+            if name in names[:index]:
+                raise ValueError(f"metadataFields[{index}]: {name!r} is named twice")
+        return names
 
     @field_validator("text_template")
     @classmethod

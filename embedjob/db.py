@@ -4,7 +4,7 @@ The driver writes these tables; the controller reads `runs`/`batches` to report 
 and takes and marks pool leases (`controller.pool_leases`) to remove idle shared pools. Bookkeeping tables have fixed names (prefix `embedjob_`) and are created by
 the Alembic migrations in `embedjob/migrations`. The vectors table is named by the
 user (`spec.sink.table`) and its width depends on the model, so it is created by
-`vectors_table(...).create(checkfirst=True)` once the model's dimension is known.
+`embedjob.vectors_schema.vectors_table(...).create(checkfirst=True)` once the model's dimension is known.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from embedjob.vector_types import VECTOR_TYPES
 
 metadata = sa.MetaData()
 
@@ -189,33 +188,6 @@ tenant_namespaces = sa.Table(
     sa.Column("role", sa.String(63), primary_key=True),
     sa.Column("namespace", sa.String(63), primary_key=True),
 )
-
-
-def vectors_table(name: str, dim: int, meta: sa.MetaData | None = None, vector_type: str = "vector",
-                  schema: str | None = None) -> sa.Table:
-    """The user's vectors table: one row per (collection, record id, chunk, model, revision); `embedding` is
-    `vector_type(dim)` (a key of VECTOR_TYPES). `text` is the chunk's text, `char_start`/`char_end` its
-    character offsets into the record's text; `content_hash` is the whole record's, on each of its chunks.
-    A record without spec.chunking is one chunk, 0, over its whole text. `schema` None: the search path's."""
-    return sa.Table(
-        name,
-        meta if meta is not None else sa.MetaData(),
-        sa.Column("collection", sa.String(128), primary_key=True),
-        sa.Column("record_id", sa.Text, primary_key=True),
-        sa.Column("chunk", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("model", sa.String(256), primary_key=True),
-        sa.Column("revision", sa.String(128), primary_key=True),
-        sa.Column("content_hash", sa.String(64), nullable=False),
-        sa.Column("embedding", VECTOR_TYPES[vector_type](dim), nullable=False),
-        sa.Column("text", sa.Text, nullable=False),
-        sa.Column("char_start", sa.Integer, nullable=False),
-        sa.Column("char_end", sa.Integer, nullable=False),
-        sa.Column("job_key", sa.String(300), nullable=False),
-        sa.Column("batch_id", sa.String(64), nullable=False),
-        _ts("created_at", nullable=False, server_default=sa.func.now()),
-        _ts("updated_at", nullable=False, server_default=sa.func.now()),
-        schema=schema,
-    )
 
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")

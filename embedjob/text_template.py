@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_FIELDS = 64
-_MISSING = object()
+MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class TextTemplate:
         return tuple(dict.fromkeys(p.name for p in self.parts if isinstance(p, Field)))
 
     def render(self, lookup: Callable[[str], Any]) -> str:
-        """The text for one record, each field's value from `lookup` (_MISSING where it has none); FieldNotText
+        """The text for one record, each field's value from `lookup` (MISSING where it has none); FieldNotText
         for the first field that is missing, null or not text."""
         out = []
         for part in self.parts:
@@ -55,7 +55,7 @@ class FieldNotText(ValueError):
 
 
 def _what(value: Any) -> str:
-    if value is _MISSING:
+    if value is MISSING:
         return "is missing"
     if value is None:
         return "is null"
@@ -101,12 +101,12 @@ def parse_template(template: str) -> TextTemplate:
 
 def field_of(record: Mapping[str, Any], name: str) -> Any:
     """A field of a record (a JSON object, a row): the key `name` itself, else the dotted path into nested
-    objects; _MISSING where there is neither."""
+    objects; MISSING where there is neither."""
     if name in record:
         return record[name]
     value: Any = record
     for key in name.split("."):
         if not isinstance(value, Mapping) or key not in value:
-            return _MISSING
+            return MISSING
         value = value[key]
     return value

@@ -28,7 +28,7 @@ from embedjob_worker.core.errors import JobFailed, Unreachable, unreachable_exit
 from embedjob_cli import job_logs, model_revision, render  # noqa: E402
 from embedjob_cli.noise import quiet_libraries  # noqa: E402
 from embedjob_worker.core.logs import configure_logging, log_event, mask_secrets, mask_url  # noqa: E402
-from embedjob_cli.search import DEFAULT_EF_SEARCH, MAX_EF_SEARCH, nearest  # noqa: E402
+from embedjob_cli.search import DEFAULT_EF_SEARCH, MAX_EF_SEARCH, nearest, where_condition  # noqa: E402
 from embedjob_worker.sink.target import SinkTarget  # noqa: E402
 from embedjob_worker.sink.vector_index import metric_for  # noqa: E402
 
@@ -69,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
                         f"default {DEFAULT_EF_SEARCH} or k if more): higher finds more true neighbours, slower")
     search.add_argument("--prompt", help="the text put before the query (default: the model's query prompt where its "
                         "config declares one, else its default prompt, else none; \"\" for none)")
+    search.add_argument("--where", action="append", default=[], type=_where, metavar="KEY=VALUE",
+                        help="only vectors whose metadata (spec.source.metadataFields) has KEY equal to VALUE; "
+                        "repeat for more (all must hold)")
     search.add_argument("--verbose", "-v", action="store_true",
                         help="show what the libraries print on their own (silenced otherwise)")
     job_logs.add_command(commands)
@@ -81,6 +84,13 @@ def _ef_search(value: str) -> int:
     if not value.isdigit() or not 1 <= int(value) <= MAX_EF_SEARCH:
         raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_EF_SEARCH}")
     return int(value)
+
+
+def _where(value: str) -> tuple[str, str]:
+    try:
+        return where_condition(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _with_index(config: JobConfig, index: str | None) -> JobConfig:
@@ -208,8 +218,9 @@ def _print_summary(summary) -> None:
             f"records embedded   {c.records_embedded} ({summary.records_truncated} truncated)",
             f"chunks embedded    {c.chunks_embedded} (vectors the model embedded in this run)",
             f"records failed     {c.records_failed}",
-            f"records by content {c.records_new} new, {c.records_changed} changed, {c.records_unchanged} unchanged,"
-            f" {c.records_deleted} deleted",
+            f"records by content {c.records_new} new, {c.records_changed} changed, {c.records_unchanged} unchanged"
+            + (f" ({summary.metadata_updated} with new metadata only)" if summary.metadata_updated else "")
+            + f", {c.records_deleted} deleted",
             f"batches            {c.batches_succeeded} succeeded ({summary.batches_skipped} already done),"
             f" {c.batches_failed} failed, {c.batches_total} total",
             f"batching           {summary.batching}",
@@ -223,10 +234,10 @@ def _print_summary(summary) -> None:
     if c is not None and c.precision_cosine_mean is not None:
         lines.append(f"precision check    cosine to float32: mean {c.precision_cosine_mean:.4f}, least "
                      f"{c.precision_cosine_min:.4f} (spec.model.minCosine)")
-    if summary.index is not None:
-        built = summary.index
-        lines.append(f"vector index       {built.name} " + (f"built in {built.seconds:.1f}s" if built.built else
-                                                            "exists (not rebuilt)") + (f"; {built.note}" if built.note else ""))
+    for kind, built in (("vector index      ", summary.index), ("metadata index    ", summary.metadata_index)):
+        if built is not None:
+            lines.append(f"{kind} {built.name} " + (f"built in {built.seconds:.1f}s" if built.built else
+                                                    "exists (not rebuilt)") + (f"; {built.note}" if built.note else ""))
     print("\n".join(lines))
 
 
@@ -260,7 +271,7 @@ def _search(config: JobConfig, database_url: Callable[[], str], args: argparse.N
         target = SinkTarget.of_job(config).in_schema_of(engine)
         with engine.connect() as conn:
             hits = nearest(conn, target.vectors, target.collection, resolved.name, resolved.revision, query, args.k,
-                           metric_for(config.spec.model.normalize), args.ef_search)
+                           metric_for(config.spec.model.normalize), args.ef_search, args.where)
     except sa.exc.OperationalError as exc:
         raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
     except (ValueError, JobFailed) as exc:  # no schema; a table search cannot read (another vector type, pre-chunking)

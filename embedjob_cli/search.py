@@ -7,18 +7,19 @@ The ORDER BY is the bare distance operator of the index's operator class
 (vector_index.metric_for) against a query cast to the column's own type (vector or
 halfvec): the form PostgreSQL's planner answers with an index scan. The distance shown
 is always the cosine distance. `hnsw.ef_search` (pgvector's candidate list) is at least
-k, and iterative scans keep a filtered search (collection, model, revision) from
-returning fewer than k rows when other collections share the table.
+k, and iterative scans keep a filtered search (collection, model, revision, and the
+metadata `--where` names) from returning fewer than k rows when other rows share the table.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
 import sqlalchemy as sa
 
-from embedjob.db import VECTOR_TYPES
+from embedjob.vector_types import VECTOR_TYPES
 
 from embedjob_worker.sink.target import VectorsTable
 from embedjob_worker.sink.vector_index import Metric
@@ -50,10 +51,36 @@ def column_types(conn: sa.Connection, table: VectorsTable) -> dict[str, str]:
         " AND NOT attisdropped"), {"t": table.sql}).all())
 
 
+def where_condition(text: str) -> tuple[str, str]:
+    """`--where key=value` as (key, value); ValueError saying the form."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise ValueError(f"{text!r} is not key=value (a metadata field's name, then the value it must have)")
+    return key, value
+
+
+def _metadata_filter(where: list[tuple[str, str]]) -> tuple[str, dict[str, str]]:
+    """SQL conditions (and their parameters) keeping the rows whose metadata has each key with its value: as text, or
+    as the JSON number, true, false or null it spells (a CSV's "2024" and a JSON line's 2024 both match), by
+    containment (`@>`), which the metadata's GIN index (spec.sink.index.metadata) serves."""
+    conditions, params = [], {}
+    for n, (key, value) in enumerate(where):
+        forms = [json.dumps({key: value})]
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = value
+        if parsed is None or isinstance(parsed, (bool, int, float)):
+            forms.append(json.dumps({key: parsed}))
+        conditions.append("(" + " OR ".join(f"metadata @> CAST(:w{n}_{i} AS jsonb)" for i in range(len(forms))) + ")")
+        params.update({f"w{n}_{i}": form for i, form in enumerate(forms)})
+    return "".join(f" AND {c}" for c in conditions), params
+
+
 def nearest(conn: sa.Connection, table: VectorsTable, collection: str, model: str, revision: str, query: np.ndarray, k: int,
-            metric: Metric, ef_search: int | None = None) -> list[Hit] | None:
-    """The k rows of (collection, model, revision) nearest to `query`; None when the table does not exist.
-    Runs in the connection's transaction (the search settings are local to it)."""
+            metric: Metric, ef_search: int | None = None, where: list[tuple[str, str]] = ()) -> list[Hit] | None:
+    """The k rows of (collection, model, revision) nearest to `query` whose metadata has each of `where`'s values;
+    None when the table does not exist. Runs in the connection's transaction (the search settings are local to it)."""
     columns = column_types(conn, table)
     vector_type = columns.get("embedding")
     if not columns:
@@ -63,6 +90,9 @@ def nearest(conn: sa.Connection, table: VectorsTable, collection: str, model: st
     if "chunk" not in columns:
         raise ValueError(f"table {table} was created before chunking (no chunk column): a run of the job upgrades it "
                          "in place (docs/chunking.md)")
+    if where and "metadata" not in columns:
+        raise ValueError(f"table {table} keeps no metadata: --where filters on what spec.source.metadataFields keeps")
+    conditions, where_params = _metadata_filter(list(where))
     conn.execute(sa.text("SELECT set_config('hnsw.ef_search', :ef, true),"
                          " set_config('hnsw.iterative_scan', 'strict_order', true)"),
                  {"ef": str(min(MAX_EF_SEARCH, max(ef_search or DEFAULT_EF_SEARCH, k)))})
@@ -70,7 +100,7 @@ def nearest(conn: sa.Connection, table: VectorsTable, collection: str, model: st
     distance = metric.cosine_distance.format(column="embedding", query=cast_query)
     rows = conn.execute(sa.text(
         f"SELECT record_id, {distance} AS distance, text, chunk, char_start, char_end FROM {table.sql}"
-        " WHERE collection = :c AND model = :m AND revision = :r"
+        f" WHERE collection = :c AND model = :m AND revision = :r{conditions}"
         f" ORDER BY embedding {metric.operator} {cast_query} LIMIT :k"),
-        {"q": vector_literal(query), "c": collection, "m": model, "r": revision, "k": k}).all()
+        {"q": vector_literal(query), "c": collection, "m": model, "r": revision, "k": k, **where_params}).all()
     return [Hit(row.record_id, float(row.distance), row.text, row.chunk, row.char_start, row.char_end) for row in rows]

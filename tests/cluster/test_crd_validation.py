@@ -76,6 +76,12 @@ MALFORMED = [
     ("chunk-overlap-over-the-model", {"model": {"maxSeqLength": 128}, "chunking": {"overlapTokens": 65}},
      "spec.chunking.overlapTokens"),
     ("chunk-unknown-field", {"chunking": {"strategy": "sentences"}}, "spec.chunking.strategy"),
+    ("metadata-fields-empty", {"source": {"metadataFields": []}}, "spec.source.metadataFields"),
+    ("metadata-field-twice", {"source": {"metadataFields": ["lang", "url", "lang"]}}, "spec.source.metadataFields"),
+    ("metadata-field-with-nul", {"source": {"metadataFields": ["a\u0000b"]}}, "spec.source.metadataFields"),
+    ("metadata-field-not-a-column", {"source": {"uri": None, "table": TABLE, "metadataFields": ["meta.lang"]}},
+     "spec.source.metadataFields"),
+    ("metadata-index-without-fields", {"sink": {"index": {"metadata": True}}}, "spec.sink.index.metadata"),
 ]
 
 

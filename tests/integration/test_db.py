@@ -5,6 +5,7 @@ import typing
 import sqlalchemy as sa
 
 from embedjob import api, db
+from embedjob.vectors_schema import vectors_table
 
 
 def test_migrations_create_the_bookkeeping_tables_idempotently(database_url):
@@ -18,7 +19,7 @@ def test_migrations_create_the_bookkeeping_tables_idempotently(database_url):
         live = {c["name"] for c in sa.inspect(engine).get_columns(table.name)}
         assert live == {c.name for c in table.columns}, table.name
     with engine.begin() as conn:
-        vectors = db.vectors_table("embeddings", 3)
+        vectors = vectors_table("embeddings", 3)
         vectors.create(conn, checkfirst=True)
         conn.execute(sa.text(
             "INSERT INTO embeddings (collection, record_id, chunk, model, revision, content_hash, embedding, text,"

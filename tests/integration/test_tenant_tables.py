@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import sqlalchemy as sa
 
-from embedjob import db
+from embedjob.vectors_schema import vectors_table
 from embedjob.api import VectorIndex
 from embedjob.contract import ExitCode
 from embedjob_worker.core.config import JobConfig
@@ -46,7 +46,7 @@ def test_a_tenant_job_uses_its_own_schemas_table_and_never_touches_a_readable_on
     # tenant as a group role's grant would make it, holding a vector of the job's own collection, model and revision.
     admin = sa.create_engine(database_url)
     with admin.begin() as conn:
-        shared = db.vectors_table("embeddings", DIM)  # the admin's search path: public
+        shared = vectors_table("embeddings", DIM)  # the admin's search path: public
         shared.create(conn)
         conn.execute(shared.insert().values(
             collection="shadowed", record_id="public-only", chunk=0, model=resolved.name, revision=resolved.revision,

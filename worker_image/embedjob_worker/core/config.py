@@ -86,7 +86,8 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str, prompt: str = "") 
     changes a batch nor a vector nor where it goes, so a resumed job may use different ones.
     batchSize and maxTokens are the ones the job runs with (spec.chosen_batching: unset ones defaulted).
     batching.maxTokens, chunking, source.textTemplate, the document prompt (its text, as the model's config or the
-    spec gives it) and model.dimensions are only present when there is one, so runs from before they existed keep their fingerprint.
+    spec gives it), model.dimensions and source.metadataFields are only present when there is one, so runs from
+    before they existed keep their fingerprint.
     """
     chosen = spec.chosen_batching
     budget = {"batching.maxTokens": chosen.max_tokens} if chosen.max_tokens is not None else {}
@@ -109,6 +110,7 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str, prompt: str = "") 
         **({"source.textTemplate": spec.source.text_template} if spec.source.text_template is not None else {}),
         **({"model.prompt": prompt} if prompt else {}),
         **({"model.dimensions": spec.model.dimensions} if spec.model.dimensions is not None else {}),
+        **({"source.metadataFields": spec.source.metadata_fields} if spec.source.metadata_fields else {}),
     }
 
 

@@ -26,6 +26,8 @@ class BadReason(str, Enum):
     contains_nul = "contains_nul"  # PostgreSQL text cannot store U+0000
     id_too_long = "id_too_long"  # over MAX_ID_BYTES: no index (vectors' primary key) can hold it
     template_field = "template_field"  # a field spec.source.textTemplate names is missing, null or not text
+    metadata_field = "metadata_field"  # a value of spec.source.metadataFields that JSON (jsonb) cannot hold
+    metadata_too_large = "metadata_too_large"  # a record's metadata over MAX_METADATA_BYTES
     # Not a rejection: the text was cut to the model's token limit, embedded and counted.
     truncated = "truncated"
 
@@ -39,6 +41,7 @@ class RawRecord:
     text: Any
     problem: BadReason | None = None  # set by the reader when it could not even parse the record
     detail: str | None = None
+    metadata: str | None = None  # spec.source.metadataFields' values as one JSON object's text (record_metadata)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,7 @@ class Record:
     text: str
     # The record's chunks (embedjob_worker.plan.chunking); empty without spec.chunking: one chunk, its whole text.
     spans: tuple[Span, ...] = ()
+    metadata: str | None = None  # its metadata's JSON text (spec.source.metadataFields), kept on each of its chunks
 
     @property
     def chunks(self) -> tuple[Span, ...]:

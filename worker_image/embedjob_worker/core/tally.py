@@ -54,6 +54,7 @@ class RunTally:
         # id, records whose vector was up to date, and vectors deleted at the end.
         self._resumed = dict.fromkeys(KEPT_ON_RESUME, 0)
         self.records_unchanged = self.records_deleted = 0
+        self.records_metadata_updated = 0  # of the unchanged, those whose metadata alone this session rewrote
         self._committed = dict.fromkeys(ADDED_COUNTERS, 0)  # this session's commits, as group_counts adds them
         self._classified: dict[str, tuple[int, int]] = {}
         self._embedding_started: float | None = None
@@ -102,6 +103,11 @@ class RunTally:
             self.records_unchanged += unchanged
             self.records_skipped += already_written
             self.batches_skipped += whole_batch
+
+    def metadata_updated(self, records: int) -> None:
+        """Records up to date but for their metadata, whose metadata was written without embedding them."""
+        with self._lock:
+            self.records_metadata_updated += records
 
     def deleted(self, records: int) -> None:
         """The records the run's sync.deleteMissing deleted, as the run row counts them (delete_missing)."""
@@ -209,6 +215,7 @@ class RunSummary:
     prompt: str = ""  # the document prompt the texts were embedded with, and why (model_card.document_prompt)
     batches_skipped: int = 0
     records_truncated: int = 0
+    metadata_updated: int = 0  # records whose metadata alone changed, rewritten without embedding (this session)
     retries: int = 0
     oom_splits: int = 0
     batch_latencies: list[float] = field(default_factory=list)
@@ -217,6 +224,7 @@ class RunSummary:
     workers: list[WorkerInfo] = field(default_factory=list)  # each actor's, once it had loaded the model
     writers: dict[str, int] = field(default_factory=dict)  # batches each writer actor (host/pid) committed
     index: IndexBuild | None = None  # the vector index after the load (spec.sink.index), built or found
+    metadata_index: IndexBuild | None = None  # the metadata's GIN index (spec.sink.index.metadata), built or found
 
     def latency_percentile(self, q: float) -> float:
         if not self.batch_latencies:

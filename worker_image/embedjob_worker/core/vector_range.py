@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# The largest component magnitude each vector type stores (db.VECTOR_TYPES): float32's, float16's (65504).
+# The largest component magnitude each vector type stores (embedjob.vector_types.VECTOR_TYPES): float32's, float16's (65504).
 LARGEST_COMPONENT = {"vector": float(np.finfo(np.float32).max), "halfvec": float(np.finfo(np.float16).max)}
 
 

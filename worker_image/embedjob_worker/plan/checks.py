@@ -119,7 +119,7 @@ def _check(raw: RawRecord) -> tuple[Record | BadRecord, str | None]:
             record_id
     if (problem := _text_problem(text)) is not None:
         return BadRecord(raw.position, record_id, *problem), record_id
-    return Record(raw.position, record_id, text), record_id
+    return Record(raw.position, record_id, text, metadata=raw.metadata), record_id
 
 
 def _chunks(checked: Iterable[tuple[Record | BadRecord, str | None]]) -> Iterator[list]:

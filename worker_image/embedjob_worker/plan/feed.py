@@ -121,7 +121,8 @@ class _Feed:
         batches were all written, is counted as it was read then, not read again."""
         spec, files = self.plan.spec, self.plan.files
         window = spec.batching.sort_window or spec.chosen_batching.batch_size
-        with DatasetReader(files, spec.source.format, spec.source.id_field, spec.source.text_of) as reader:
+        source = spec.source
+        with DatasetReader(files, source.format, source.id_field, source.text_of, source.metadata_fields or ()) as reader:
             first_file = 0
             while first_file < len(files):
                 done = self.skips.shards_read.get(first_file)

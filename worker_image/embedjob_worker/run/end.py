@@ -13,7 +13,7 @@ from embedjob_worker.core.logs import log_event, mask_secrets
 from embedjob_worker.core.tally import RunSummary, RunTally
 from embedjob_worker.sink.runs import JobRuns, RunSession
 from embedjob_worker.sink.target import VectorsTable
-from embedjob_worker.sink.vector_index import ensure_index, metric_for
+from embedjob_worker.sink.vector_index import ensure_index, ensure_metadata_index, metric_for
 
 log = logging.getLogger("embedjob_worker.run.end")
 
@@ -27,15 +27,17 @@ def refused(summary: RunSummary, failure: JobFailed) -> RunSummary:
 
 def build_index(engine: sa.Engine, spec: EmbeddingJobSpec, table: VectorsTable, summary: RunSummary
                 ) -> JobFailed | None:
-    """After a successful load: the HNSW index spec.sink.index asks for on `table` (into `summary`), unless the table
-    has it already."""
+    """After a successful load: the indexes spec.sink.index asks for on `table` (the metadata's GIN index, the HNSW
+    index; into `summary`), unless the table has them already."""
     index, sink = spec.sink.hnsw, spec.sink
-    if index is None:
-        return None
     try:  # not retried: a build that failed (memory, timeout) is retried by re-running the job
+        if sink.index is not None and sink.index.metadata:
+            summary.metadata_index = ensure_metadata_index(engine, table)
+        if index is None:
+            return None
         summary.index = ensure_index(engine, table, sink.vector_type, metric_for(spec.model.normalize), index)
     except sa.exc.DBAPIError as exc:
-        return JobFailed("IndexBuildFailed", f"spec.sink.index: building the HNSW index on table {table} "
+        return JobFailed("IndexBuildFailed", f"spec.sink.index: building an index on table {table} "
                                              f"failed: {str(exc.orig).strip()}; the vectors are written, a re-run "
                                              "builds only the index")
     if summary.index.note:  # kept with other parameters, or built past its memory
@@ -55,6 +57,7 @@ def finish_run(runs: JobRuns, run: RunSession, failure: JobFailed | None, tally:
     summary.state = state
     summary.batches_skipped = tally.batches_skipped
     summary.records_truncated += tally.truncated_skipped  # the run's, not only this session's
+    summary.metadata_updated = tally.records_metadata_updated
     summary.reason = failure.reason if failure else None
     summary.error = mask_secrets(str(failure)) if failure else None  # printed by `embedjob run`, stored
     summary.elapsed_seconds = elapsed_s

@@ -51,7 +51,7 @@ from embedjob_worker.sink.runs import JobRuns, RunSession, shards_read
 from embedjob_worker.sink.seen_ids import SeenIds
 from embedjob_worker.sink.target import SinkTarget
 from embedjob_worker.sink.vector_index import check_indexable
-from embedjob_worker.sink.vectors_table import ensure_vectors_table, upgrade_vectors_table
+from embedjob_worker.sink.vectors_table import add_metadata_columns, ensure_vectors_table, upgrade_vectors_table
 from embedjob_worker.sink.writer import SinkWriter
 from embedjob_worker.sink.writer_pool import WriterPool
 from embedjob_worker.source.table import equal_ids_adjacent, table_uri
@@ -119,6 +119,8 @@ class JobRun:
         try:
             # Before the table is read (stored hashes) or written: never chunks into a table keyed without them.
             retry_database(lambda: upgrade_vectors_table(self.engine, self.target.vectors), "vectors_table")
+            if self.target.metadata:
+                retry_database(lambda: add_metadata_columns(self.engine, self.target.vectors), "metadata_columns")
             failure = self._embed(started) or self.lock.failure()  # a driver that lost its lock deletes nothing
             if failure is None and self.spec.sync.delete_missing:
                 self.tally.deleted(retry_database(lambda: delete_missing(
@@ -151,12 +153,12 @@ class JobRun:
             cleanup.callback(writer.close)  # drains what is queued
             try:
                 stored = StoredHashes(self.engine, self.target.vectors, spec.sink.collection, resolved.name,
-                                      resolved.revision, self.target.salt)
+                                      resolved.revision, self.target.salt, self.target.metadata)
                 batches = batches_to_embed(
                     FeedPlan(spec, started.uri, started.key, self.source_database_url, started.budget,
                              started.chunker, started.files),
                     FeedSkips(self._id_registry(run), done_before,
-                              IncrementalFeed(stored, run_batches, self.tally).to_embed,
+                              IncrementalFeed(stored, run_batches, self.tally, run).to_embed,
                               shards_read(self.engine, run.run_id) if start.resumed and started.files else {}),
                     self.tally, self.metrics, writer.put_bad_records, writer.put_shard_read)
                 # No actor starts (nor model loads) before a batch needs one: an unchanged re-run starts none.

@@ -10,7 +10,9 @@ match written by a batch of this same run (a resumed run) was counted when it wa
 written, so it is `already written`, not unchanged. The new and changed records of a
 batch that holds others too form a batch whose id derives from its parent's id and their
 ids: as stable across sessions as the parent's, and never the id of a batch with other
-records (a batch row's record count stays true).
+records (a batch row's record count stays true). With spec.source.metadataFields a record
+up to date but for its metadata (its metadata hash differs) is not sent to the model either:
+its metadata is written onto its stored chunks before the group's batches go on.
 
 With sync.deleteMissing, the end of a successful run deletes the vectors whose id the
 run did not read: the run's embedjob_seen_ids rows are every id it read (valid or not).
@@ -30,7 +32,8 @@ import sqlalchemy as sa
 from embedjob import db
 
 from embedjob_worker.plan.batching import Batch, batch_id
-from embedjob_worker.sink.copy_data import content_hash
+from embedjob_worker.core.records import Record
+from embedjob_worker.sink.copy_data import content_hash, metadata_hash
 from embedjob_worker.core.errors import retry_database
 from embedjob_worker.core.logs import log_event
 from embedjob_worker.sink.runs import RunSession, latest_started_run, update_run
@@ -39,9 +42,16 @@ from embedjob_worker.core.tally import RunTally
 
 log = logging.getLogger("embedjob_worker.sink.incremental")
 
-# Chunk 0 stands for its record: all of a record's chunks are written together, with the record's hash.
-_STORED_SQL = ("SELECT record_id, content_hash, batch_id FROM {table} WHERE collection = :collection"
+# Chunk 0 stands for its record: all of a record's chunks are written together, with the record's hashes.
+_STORED_SQL = ("SELECT record_id, content_hash, batch_id{metadata_hash} FROM {table} WHERE collection = :collection"
                " AND model = :model AND revision = :revision AND record_id = ANY(:ids) AND chunk = 0")
+# A record whose text is up to date and whose metadata is not: its metadata on each of its chunks, no embedding.
+_UPDATE_METADATA_SQL = """
+UPDATE {table} AS t SET metadata = CAST(v.metadata AS jsonb), metadata_hash = v.metadata_hash, updated_at = now()
+FROM unnest(CAST(:ids AS text[]), CAST(:metadata AS text[]), CAST(:hashes AS text[])) AS v(record_id, metadata,
+                                                                                              metadata_hash)
+WHERE t.collection = :collection AND t.model = :model AND t.revision = :revision AND t.record_id = v.record_id
+"""
 _EXISTS_SQL = sa.text("SELECT to_regclass(:table) IS NOT NULL")
 # Every chunk of a record gone; the count is of records.
 _DELETE_MISSING_SQL = """
@@ -63,15 +73,18 @@ class BatchChanges:
     changed: int
     unchanged: int
     already_written: int  # by this run, before it was resumed
+    metadata_only: tuple[Record, ...] = ()  # up to date but for their metadata (spec.source.metadataFields)
 
 
 class StoredHashes:
     """The content hashes in the vectors table for one collection, model and revision."""
 
-    def __init__(self, engine: sa.Engine, table: VectorsTable, collection: str, model: str, revision: str, salt: bytes):
-        self.engine, self.salt = engine, salt
+    def __init__(self, engine: sa.Engine, table: VectorsTable, collection: str, model: str, revision: str, salt: bytes,
+                 metadata: bool = False):
+        self.engine, self.salt, self.metadata = engine, salt, metadata
         self.scope = {"collection": collection, "model": model, "revision": revision}
-        self.stored_sql = sa.text(_STORED_SQL.format(table=table.sql))
+        self.stored_sql = sa.text(_STORED_SQL.format(table=table.sql, metadata_hash=", metadata_hash" * metadata))
+        self.update_metadata_sql = sa.text(_UPDATE_METADATA_SQL.format(table=table.sql))
         self.quoted_table, self.table_exists = table.sql, False
 
     def _stored(self, ids: list[str]) -> dict[str, sa.Row]:
@@ -89,17 +102,29 @@ class StoredHashes:
         stored = self._stored([r.id for batch in batches for r in batch.records]) if batches else {}
         return [self._split(batch, stored, run_batches) for batch in batches]
 
+    def update_metadata(self, records: list[Record], run: RunSession) -> None:
+        """Write `records`' metadata (and its hash) onto their stored chunks, fenced by `run` (runs.update_run)."""
+        params = {**self.scope, "ids": [r.id for r in records], "metadata": [r.metadata for r in records],
+                  "hashes": [metadata_hash(r.metadata) for r in records]}
+        with self.engine.begin() as conn:
+            conn.execute(self.update_metadata_sql, params)
+            update_run(conn, run, {})
+
     def _split(self, batch: Batch, stored: dict[str, sa.Row], run_batches: Container[str]) -> BatchChanges:
-        to_embed, new = [], 0
+        to_embed, metadata_only, new = [], [], 0
         unchanged = already_written = 0
         for record in batch.records:
             row = stored.get(record.id)
             if row is None:
                 new += 1
                 to_embed.append(record)
-            elif row.content_hash != content_hash(self.salt, record.text.encode()):
+                continue
+            if row.content_hash != content_hash(self.salt, record.text.encode()):
                 to_embed.append(record)
-            elif row.batch_id in run_batches:
+                continue
+            if self.metadata and record.metadata is not None and row.metadata_hash != metadata_hash(record.metadata):
+                metadata_only.append(record)
+            if row.batch_id in run_batches:
                 already_written += 1
             else:
                 unchanged += 1
@@ -107,24 +132,29 @@ class StoredHashes:
             kept = batch if to_embed else None
         else:  # a part of the batch is a batch of its own, with an id as stable as its parent's
             kept = Batch(batch_id(batch.batch_id, (r.id for r in to_embed)), tuple(to_embed))
-        return BatchChanges(kept, new, len(to_embed) - new, unchanged, already_written)
+        return BatchChanges(kept, new, len(to_embed) - new, unchanged, already_written, tuple(metadata_only))
 
 
 class IncrementalFeed:
     """What the feed asks before each group of batches: the part of each the model still has to embed (counted
     in the tally)."""
 
-    def __init__(self, stored: StoredHashes, run_batches: Container[str], tally: RunTally):
-        self.stored, self.run_batches, self.tally = stored, run_batches, tally
+    def __init__(self, stored: StoredHashes, run_batches: Container[str], tally: RunTally, run: RunSession):
+        self.stored, self.run_batches, self.tally, self.run = stored, run_batches, tally, run
 
     def to_embed(self, batches: list[Batch]) -> list[Batch | None]:
-        """Each batch's part still to embed, None for a batch with nothing left."""
-        kept = []
+        """Each batch's part still to embed, None for a batch with nothing left; the metadata of records up to
+        date but for it written (one statement for the group)."""
+        kept, metadata_only = [], []
         for found in retry_database(lambda: self.stored.changes(batches, self.run_batches), "stored_hashes"):
             self.tally.up_to_date(found.unchanged, found.already_written, whole_batch=found.to_embed is None)
             if found.to_embed is not None:
                 self.tally.classified(found.to_embed.batch_id, found.new, found.changed)
             kept.append(found.to_embed)
+            metadata_only += found.metadata_only
+        if metadata_only:
+            retry_database(lambda: self.stored.update_metadata(metadata_only, self.run), "update_metadata")
+            self.tally.metadata_updated(len(metadata_only))
         return kept
 
 

@@ -28,31 +28,38 @@ from embedjob_worker.core.logs import log_event
 from embedjob_worker.core.outcome import BatchOutcome, CounterUpdate, group_counts, now
 from embedjob_worker.core.records import BadRecord
 from embedjob_worker.core.shards import ShardRead
-from embedjob_worker.sink.copy_data import COPY_COLUMNS, copy_payload
+from embedjob_worker.sink.copy_data import copy_columns, copy_payload
 from embedjob_worker.sink.runs import RunSession, counter_values, shard_row, update_run
 from embedjob_worker.sink.target import SinkTarget
 
-# One staging table per vector type (db.VECTOR_TYPES), so the COPY carries the column's own binary format.
+# One staging table per vector type (embedjob.vector_types.VECTOR_TYPES), so the COPY carries the column's own binary format.
 _STAGING_DDL = (
     "CREATE TEMP TABLE IF NOT EXISTS embedjob_staging_{vector_type} (record_id text, chunk int4, char_start int4,"
-    " char_end int4, content_hash text, embedding {vector_type}, text text, batch_id text) ON COMMIT DELETE ROWS"
+    " char_end int4, content_hash text, embedding {vector_type}, text text, batch_id text, metadata jsonb,"
+    " metadata_hash text) ON COMMIT DELETE ROWS"
 )
-_COPY_SQL = f"COPY embedjob_staging_{{vector_type}} ({', '.join(COPY_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
-# New records' vectors straight into the vectors table: COPY_COLUMNS, then the values the sink sets.
-_DIRECT_COPY_SQL = (f"COPY {{table}} ({', '.join(COPY_COLUMNS)}, collection, model, revision, job_key)"
-                    " FROM STDIN (FORMAT BINARY)")
+_COPY_SQL = "COPY embedjob_staging_{vector_type} ({columns}) FROM STDIN (FORMAT BINARY)"
+# New records' vectors straight into the vectors table: copy_columns, then the values the sink sets.
+_DIRECT_COPY_SQL = "COPY {table} ({columns}, collection, model, revision, job_key) FROM STDIN (FORMAT BINARY)"
+# {metadata} and its kin: the metadata columns when the job keeps metadata (_METADATA_MERGE), else nothing (its
+# rows' metadata stays as an earlier job wrote it).
 _MERGE_SQL = """
 INSERT INTO {table} AS t (collection, record_id, chunk, model, revision, content_hash, embedding, text, char_start,
-                            char_end, job_key, batch_id)
+                            char_end, job_key, batch_id{metadata})
 SELECT %(collection)s, s.record_id, s.chunk, %(model)s, %(revision)s, s.content_hash, s.embedding, s.text,
-       s.char_start, s.char_end, %(job_key)s, s.batch_id
+       s.char_start, s.char_end, %(job_key)s, s.batch_id{staged_metadata}
 FROM embedjob_staging_{vector_type} s
 ON CONFLICT (collection, record_id, chunk, model, revision) DO UPDATE
 SET content_hash = excluded.content_hash, embedding = excluded.embedding, text = excluded.text,
     char_start = excluded.char_start, char_end = excluded.char_end, job_key = excluded.job_key,
-    batch_id = excluded.batch_id, updated_at = now()
-WHERE t.content_hash IS DISTINCT FROM excluded.content_hash
+    batch_id = excluded.batch_id, updated_at = now(){set_metadata}
+WHERE t.content_hash IS DISTINCT FROM excluded.content_hash{metadata_changed}
 """
+_METADATA_MERGE = {
+    "metadata": ", metadata, metadata_hash", "staged_metadata": ", s.metadata, s.metadata_hash",
+    "set_metadata": ", metadata = excluded.metadata, metadata_hash = excluded.metadata_hash",
+    "metadata_changed": " OR t.metadata_hash IS DISTINCT FROM excluded.metadata_hash",
+}
 # In the merge's transaction: a written record keeps exactly its new chunks (one that got shorter loses the rest).
 _DROP_STALE_CHUNKS_SQL = """
 DELETE FROM {table} AS t USING (SELECT record_id, max(chunk) AS last FROM embedjob_staging_{vector_type}
@@ -73,11 +80,12 @@ class PostgresSink:
 
     def __init__(self, engine: sa.Engine, target: SinkTarget):
         self.engine, self.target = engine, target
-        self.staging_ddl, self.copy_sql = (sql.format(vector_type=target.vector_type)
-                                           for sql in (_STAGING_DDL, _COPY_SQL))
-        self.direct_copy_sql, self.merge_sql, self.drop_stale_chunks_sql = (
-            sql.format(table=target.vectors.sql, vector_type=target.vector_type)
-            for sql in (_DIRECT_COPY_SQL, _MERGE_SQL, _DROP_STALE_CHUNKS_SQL))
+        names = {"table": target.vectors.sql, "vector_type": target.vector_type,
+                 "columns": ", ".join(copy_columns(target.metadata)),
+                 **{key: text if target.metadata else "" for key, text in _METADATA_MERGE.items()}}
+        self.staging_ddl, self.copy_sql, self.direct_copy_sql, self.merge_sql, self.drop_stale_chunks_sql = (
+            sql.format(**names) for sql in (_STAGING_DDL, _COPY_SQL, _DIRECT_COPY_SQL, _MERGE_SQL,
+                                            _DROP_STALE_CHUNKS_SQL))
 
     def write(self, run: RunSession, outcomes: list[BatchOutcome], bad_records: list[BadRecord],
               update: CounterUpdate | None = None, shards: Sequence[ShardRead] = ()) -> list[BatchOutcome]:
@@ -121,7 +129,7 @@ class PostgresSink:
         if all(o.records_new == len(o.records) for o in succeeded):
             cur.execute("SAVEPOINT embedjob_new_records")
             try:
-                # in _DIRECT_COPY_SQL's order of the columns after COPY_COLUMNS
+                # in _DIRECT_COPY_SQL's order of the columns after copy_columns
                 self._copy(cur, self.direct_copy_sql, succeeded,
                            (target.collection, run.model, run.revision, target.job_key))
                 cur.execute("RELEASE SAVEPOINT embedjob_new_records")
@@ -138,7 +146,8 @@ class PostgresSink:
     def _copy(self, cur: psycopg.Cursor, sql: str, outcomes: list[BatchOutcome],
               same_on_every_row: tuple[str, ...] = ()) -> None:
         with cur.copy(sql) as copy:
-            for piece in copy_payload(outcomes, self.target.salt, self.target.vector_type, same_on_every_row):
+            for piece in copy_payload(outcomes, self.target.salt, self.target.vector_type, same_on_every_row,
+                                      self.target.metadata):
                 copy.write(piece)
 
     def _write_batches(self, conn: sa.Connection, run_id: str,

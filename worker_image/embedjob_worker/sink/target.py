@@ -1,5 +1,5 @@
-"""Where a job's vectors go (SinkTarget): its job key, collection, vectors table (schema-qualified), vector type and
-content salt."""
+"""Where a job's vectors go (SinkTarget): its job key, collection, vectors table (schema-qualified), vector type,
+content salt and whether metadata goes with them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 import sqlalchemy as sa
 
-from embedjob import db
+from embedjob.vector_types import VECTOR_TYPES
 
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.core.errors import JobFailed
@@ -44,12 +44,13 @@ class SinkTarget:
     collection: str
     table: str  # spec.sink.table, unqualified
     salt: bytes  # copy_data.content_salt: part of every content hash
-    vector_type: str = "vector"  # one of db.VECTOR_TYPES
+    vector_type: str = "vector"  # one of VECTOR_TYPES
     schema: str | None = None  # where `table` is: resolved once per driver (in_schema_of), None until then
+    metadata: bool = False  # spec.source.metadataFields set: its rows' metadata is written (and its hash)
 
     def __post_init__(self) -> None:
-        if self.vector_type not in db.VECTOR_TYPES:
-            raise ValueError(f"vector type {self.vector_type!r} is not one of {', '.join(db.VECTOR_TYPES)}")
+        if self.vector_type not in VECTOR_TYPES:
+            raise ValueError(f"vector type {self.vector_type!r} is not one of {', '.join(VECTOR_TYPES)}")
 
     @classmethod
     def of_job(cls, config: JobConfig) -> SinkTarget:
@@ -57,7 +58,7 @@ class SinkTarget:
         spec = config.spec
         return cls(config.job_key, spec.sink.collection, spec.sink.table,
                    content_salt(spec.model.normalize, spec.model.max_seq_length, spec.chunking),
-                   spec.sink.vector_type)
+                   spec.sink.vector_type, metadata=bool(spec.source.metadata_fields))
 
     @property
     def vectors(self) -> VectorsTable:

@@ -1,4 +1,4 @@
-"""The vectors table's HNSW index: which distance and operator class a job uses, and building the index when missing.
+"""The vectors table's indexes: the HNSW one (its distance, operator class and build) and the metadata's GIN one.
 
 A job with `model.normalize` stores unit vectors, for which the inner product orders
 neighbours exactly as cosine does and costs less (no norms), so it gets pgvector's
@@ -59,7 +59,31 @@ def metric_for(normalize: bool) -> Metric:
 
 def index_name(table: str, metric: Metric) -> str:
     """`<table>_hnsw_<metric>`; a table name too long for that is cut and told apart by a hash."""
-    suffix = f"_hnsw_{metric.name}"
+    return _index_name(table, f"_hnsw_{metric.name}")
+
+
+def ensure_metadata_index(engine: sa.Engine, table: VectorsTable) -> IndexBuild:
+    """The GIN index on the metadata (spec.sink.index.metadata; jsonb_path_ops: containment, `@>`, which
+    `embedjob search --where` asks), built unless the table has a GIN index on it with that operator class."""
+    name = _index_name(table.name, "_metadata")
+    with engine.begin() as conn:
+        conn.execute(sa.text("SELECT set_config('statement_timeout', :t, true), set_config('lock_timeout', :t, true)"),
+                     {"t": str(BUILD_TIMEOUT_S * 1000)})
+        conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": str(table)})
+        for existing, definition in conn.execute(sa.text(
+                "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE i.indrelid = CAST(:t AS regclass)"), {"t": table.sql}).all():
+            if "USING gin (metadata jsonb_path_ops)" in definition:
+                return IndexBuild(existing, built=False)
+        started = time.perf_counter()
+        conn.execute(sa.text(f'CREATE INDEX "{name}" ON {table.sql} USING gin (metadata jsonb_path_ops)'))
+        seconds = time.perf_counter() - started
+    log_event(log, "index_built", index=name, table=str(table), opclass="jsonb_path_ops", seconds=round(seconds, 2))
+    return IndexBuild(name, built=True, seconds=seconds)
+
+
+def _index_name(table: str, suffix: str) -> str:
+    """`<table><suffix>` within PostgreSQL's identifier length: a longer table name is cut, told apart by a hash."""
     if len(table) + len(suffix) <= _MAX_IDENTIFIER:
         return table + suffix
     digest = hashlib.sha256(table.encode()).hexdigest()[:8]

@@ -1,10 +1,11 @@
-"""The vectors table's shape: created for the model's type and dimension, or brought up to the chunk columns in place.
+"""The vectors table's shape: created for the model's type and dimension, or brought up to today's columns in place.
 
 A table created before chunking keys its rows by (collection, record id, model, revision)
 and has no `chunk`, `char_start` or `char_end`. Writing chunks into it would be wrong, so
 before a run reads or writes it the driver upgrades it in place when its role owns the
 table (each old row is chunk 0 over its whole text, which is what it holds), and refuses
-the run naming the table and the fix otherwise. docs/chunking.md has the statements.
+the run naming the table and the fix otherwise. docs/chunking.md has the statements. A table
+from before the metadata columns gets them when a job with spec.source.metadataFields writes it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from embedjob import db
+from embedjob.vectors_schema import metadata_columns, vectors_table
 
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.logs import log_event
@@ -76,13 +78,37 @@ def upgrade_vectors_table(engine: sa.Engine, table: VectorsTable) -> bool:
     return True
 
 
+def add_metadata_columns(engine: sa.Engine, table: VectorsTable) -> bool:
+    """Add the metadata columns (vectors_schema.metadata_columns) to an existing vectors table that lacks them (one created
+    before they existed), for a job with spec.source.metadataFields; whether it did. JobFailed
+    (VectorsTableOutdated) naming the statement when this role does not own the table."""
+    quoted = table.sql
+    with engine.begin() as conn:
+        conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": str(table)})
+        columns = set(conn.execute(_COLUMNS_SQL, {"t": quoted}).scalars())
+        missing = [c for c in metadata_columns() if c.name not in columns]
+        if not columns or not missing:
+            return False  # not there yet (the run creates it with them), or they are there
+        statement = f"ALTER TABLE {quoted} " + ", ".join(
+            f"ADD COLUMN IF NOT EXISTS {c.name} {c.type.compile(dialect=postgresql.dialect())}" for c in missing)
+        owned, role = conn.execute(_OWNED_SQL, {"t": quoted}).one()
+        if not owned:
+            raise JobFailed("VectorsTableOutdated",
+                            f"spec.source.metadataFields: table {table} has no metadata columns and role {role} does "
+                            f"not own it, so the driver may not add them: its owner runs `{statement}` (instant: "
+                            "no row is rewritten), or set spec.sink.table to another table")
+        conn.execute(sa.text(statement))
+    log_event(log, "vectors_table_upgraded", logging.WARNING, table=table, columns=",".join(c.name for c in missing))
+    return True
+
+
 def ensure_vectors_table(engine: sa.Engine, table: VectorsTable, dim: int, vector_type: str) -> None:
     """Create the vectors table unless it exists; refuse one of another vector type or dimension."""
     with engine.begin() as conn:
         # Drivers of two jobs sharing a table may start together; CREATE TABLE's
         # check-then-create is not atomic (a duplicate pg_type row otherwise).
         conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": str(table)})
-        db.vectors_table(table.name, dim, vector_type=vector_type, schema=table.schema).create(conn, checkfirst=True)
+        vectors_table(table.name, dim, vector_type=vector_type, schema=table.schema).create(conn, checkfirst=True)
         existing_type, existing_dim = conn.execute(sa.text(
             "SELECT atttypid::regtype::text, atttypmod FROM pg_attribute"
             " WHERE attrelid = CAST(:t AS regclass) AND attname = 'embedding'"

@@ -26,8 +26,9 @@ from embedjob_worker.source.snapshot import InputSnapshot
 class DatasetReader:
     """The records of a dataset's `files` (dataset.DatasetSnapshot), a shard at a time; close() ends its fetches."""
 
-    def __init__(self, files: Sequence[InputSnapshot], fmt: str, id_field: str, text_of: TextOf):
-        self.files, self.fmt, self.id_field, self.text_of = files, fmt, id_field, text_of
+    def __init__(self, files: Sequence[InputSnapshot], fmt: str, id_field: str, text_of: TextOf,
+                 metadata: Sequence[str] = ()):
+        self.files, self.fmt, self.id_field, self.text_of, self.metadata = files, fmt, id_field, text_of, metadata
         self.next_file = 0  # where the last shard read ended
         self._fetcher = ThreadPoolExecutor(1, thread_name_prefix="embedjob-fetch")
         self._ahead: tuple[int, Future[bytes | None]] | None = None  # the file being fetched, and its bytes
@@ -51,7 +52,7 @@ class DatasetReader:
             try:
                 data = self._fetched(number)
                 for record in read_records(part.uri, self.fmt, self.id_field, self.text_of, first_position + read,
-                                           _dataset_opener(part, data)):
+                                           _dataset_opener(part, data), self.metadata):
                     read += 1
                     yield record
             except (OSError, ValueError, KeyError) as exc:  # named by its file, not by the dataset's pattern

@@ -14,7 +14,7 @@ import csv
 import io
 import json
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from pathlib import Path
@@ -29,7 +29,7 @@ from embedjob.api import Source
 
 from embedjob_worker.core.records import MAX_RECORD_BYTES, BadReason, RawRecord
 from embedjob_worker.source.csv_records import SkippedCsvRecord, csv_records
-from embedjob_worker.source.record_fields import TextOf, columns_for, record_of
+from embedjob_worker.source.record_fields import RecordFields, TextOf, columns_for
 from embedjob_worker.source.dataset import dataset_files, is_dataset
 from embedjob_worker.source.unavailable import in_a_store
 
@@ -111,15 +111,16 @@ def source_records(source: Source, uri: str, database_url: str | None) -> Iterat
     if source.table is not None:
         from embedjob_worker.source.table import read_table_records  # psycopg: only table sources need it
 
-        return read_table_records(database_url, source.table)
-    return read_records(uri, source.format, source.id_field, source.text_of)
+        return read_table_records(database_url, source.table, source.metadata_fields or ())
+    return read_records(uri, source.format, source.id_field, source.text_of, metadata=source.metadata_fields or ())
 
 
 def read_records(uri: str, fmt: str, id_field: str, text_of: TextOf, first: int = 0,
-                 opener: Opener | None = None) -> Iterator[RawRecord]:
-    """The records of one file, numbered from position `first`; its bytes from `opener` (default: fsspec's)."""
+                 opener: Opener | None = None, metadata: Sequence[str] = ()) -> Iterator[RawRecord]:
+    """The records of one file, numbered from position `first`, with the `metadata` fields' values
+    (spec.source.metadataFields); its bytes from `opener` (default: fsspec's)."""
     readers = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}
-    return readers[fmt](uri, id_field, text_of, first, opener or _fsspec_opener(uri))
+    return readers[fmt](uri, RecordFields(id_field, text_of, tuple(metadata)), first, opener or _fsspec_opener(uri))
 
 
 def count_records(uri: str, fmt: str) -> int | None:
@@ -141,8 +142,7 @@ def count_records(uri: str, fmt: str) -> int | None:
     return lines - 1 if fmt == "csv" else lines
 
 
-def _read_jsonl(uri: str, id_field: str, text_of: TextOf, first: int,
-                opener: Opener) -> Iterator[RawRecord]:
+def _read_jsonl(uri: str, made_of: RecordFields, first: int, opener: Opener) -> Iterator[RawRecord]:
     with open_text_source(uri, opener) as f:
         position = first
         lines = bounded_lines(f)
@@ -158,13 +158,13 @@ def _read_jsonl(uri: str, id_field: str, text_of: TextOf, first: int,
                 yield RawRecord(position, None, None, BadReason.oversized_record, line.detail)
             elif line.strip():
                 yield _jsonl_record(position, line.decode("utf-8", errors="surrogateescape").removeprefix(_BOM),
-                                    id_field, text_of)
+                                    made_of)
             else:
                 continue
             position += 1
 
 
-def _jsonl_record(position: int, line: str, id_field: str, text_of: TextOf) -> RawRecord:
+def _jsonl_record(position: int, line: str, made_of: RecordFields) -> RawRecord:
     try:
         obj = json.loads(line)
     except ValueError as exc:
@@ -173,11 +173,10 @@ def _jsonl_record(position: int, line: str, id_field: str, text_of: TextOf) -> R
         return RawRecord(position, None, None, BadReason.malformed_record, "JSON nested too deeply")
     if not isinstance(obj, dict):
         return RawRecord(position, None, None, BadReason.malformed_record, "not a JSON object")
-    return record_of(position, obj, id_field, text_of)
+    return made_of.record(position, obj)
 
 
-def _read_csv(uri: str, id_field: str, text_of: TextOf, first: int,
-              opener: Opener) -> Iterator[RawRecord]:
+def _read_csv(uri: str, made_of: RecordFields, first: int, opener: Opener) -> Iterator[RawRecord]:
     # A cell may be as large as a record may be (the csv module's default stops at 128 KiB).
     csv.field_size_limit(MAX_RECORD_BYTES)
     with open_text_source(uri, opener) as raw:
@@ -211,7 +210,7 @@ def _read_csv(uri: str, id_field: str, text_of: TextOf, first: int,
             if not row:  # a blank line is no record (as csv.DictReader has it)
                 continue
             # A cell missing from a short row is None: the CSV form of null.
-            yield record_of(position, dict(zip(header, row)), id_field, text_of)
+            yield made_of.record(position, dict(zip(header, row)))
             position += 1
 
 
@@ -225,23 +224,24 @@ def _csv_row(record: str | SkippedCsvRecord) -> list[str] | SkippedCsvRecord:
         return SkippedCsvRecord(BadReason.malformed_record, f"not a CSV row: {exc}")
 
 
-def _read_parquet(uri: str, id_field: str, text_of: TextOf, first: int,
-                  opener: Opener) -> Iterator[RawRecord]:
+def _read_parquet(uri: str, made_of: RecordFields, first: int, opener: Opener) -> Iterator[RawRecord]:
     import pyarrow.parquet as pq
 
+    id_field, text_of = made_of.id_field, made_of.text_of
     with opener() as f:
         parquet = pq.ParquetFile(f)
         position = first
-        columns = columns_for(parquet.schema_arrow.names, id_field, text_of)
+        columns = columns_for(parquet.schema_arrow.names, id_field, text_of, made_of.metadata)
+        text_columns = made_of.text_columns()
         for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=columns):
-            if isinstance(text_of, str):
+            if isinstance(text_of, str) and not made_of.metadata:  # two columns: no row dicts
                 for record_id, text in zip(batch.column(id_field).to_pylist(), batch.column(text_of).to_pylist()):
                     yield RawRecord(position, record_id, _decoded(text))
                     position += 1
                 continue
-            for row in batch.to_pylist():  # the template's fields as rows (a struct column as a dict)
-                fields = {name: value if name == id_field else _decoded(value) for name, value in row.items()}
-                yield record_of(position, fields, id_field, text_of)
+            for row in batch.to_pylist():  # the fields as rows (a struct column as a dict)
+                yield made_of.record(position, {name: _decoded(value) if name in text_columns else value
+                                                for name, value in row.items()})
                 position += 1
 
 

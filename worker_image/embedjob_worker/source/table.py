@@ -43,7 +43,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import psycopg
@@ -54,9 +54,12 @@ from embedjob.db import LOCK_TIMEOUT_S, STATEMENT_TIMEOUT_S, engine_url
 
 from embedjob_worker.core.logs import log_event, mask_secrets
 from embedjob_worker.core.records import RawRecord
+from embedjob_worker.source.record_fields import RecordFields
 from embedjob_worker.source.snapshot import InputSnapshot
 
 PAGE_ROWS = 2000
+# A row's id and text among its metadata columns' values: keys no column name (an identifier) can be.
+_ID, _TEXT = "\x00id", "\x00text"
 # How long to wait before each new connection after one was lost mid-read: a minute in all, a failover's time.
 RECONNECT_WAITS_S = (1, 2, 4, 8, 15, 30)
 _OPERATORS = {"eq": "=", "ne": "<>", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
@@ -117,7 +120,7 @@ class TableQueries(NamedTuple):
     params: list[str]
 
 
-def table_queries(table: SourceTable) -> TableQueries:
+def table_queries(table: SourceTable, metadata: Sequence[str] = ()) -> TableQueries:
     """How the table is read: SELECT id::text, text FROM schema.name WHERE [filter AND] id IS NOT NULL, in
     pages ORDER BY id, id::text COLLATE "C", text::text COLLATE "C"; then the count of rows without an id.
     The text breaks ties between equal ids, so which of them is read first (and wins) is the same on every
@@ -140,7 +143,8 @@ def table_queries(table: SourceTable) -> TableQueries:
     def where(*more: sql.Composable) -> sql.Composable:
         return sql.SQL(" WHERE ") + sql.SQL(" AND ").join([*conditions, *more])
 
-    select = sql.SQL("SELECT {}::text, {} ").format(id_column, text_column) + source
+    kept = [sql.SQL(", source.{}").format(_identifier(name, f"metadataFields[{n}]")) for n, name in enumerate(metadata)]
+    select = sql.SQL("SELECT {}::text, {}{} ").format(id_column, text_column, sql.Composed(kept)) + source
     order = sql.SQL(' ORDER BY {}, {}, {}::text COLLATE "C" LIMIT %s').format(id_column, id_text, text_column)
     has_id = sql.SQL("{} IS NOT NULL").format(id_column)
     # `id >= last` besides the row comparison lets an index on the id column find the page's start.
@@ -175,14 +179,17 @@ def libpq_url(url: str) -> str:
     return engine_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def read_table_records(url: str, table: SourceTable) -> Iterator[RawRecord]:
-    """The table's rows as RawRecords (id as text, the text column as stored), in id order, then one without
-    id or text per row whose id is NULL; SourceWaitExceeded when a statement or lock wait outlasts its bound."""
-    queries = table_queries(table)
+def read_table_records(url: str, table: SourceTable, metadata: Sequence[str] = ()) -> Iterator[RawRecord]:
+    """The table's rows as RawRecords (id as text, the text column as stored, the `metadata` columns' values as
+    JSON), in id order, then one without id or text per row whose id is NULL; SourceWaitExceeded when a statement
+    or lock wait outlasts its bound."""
+    queries = table_queries(table, metadata)
+    made_of = RecordFields(_ID, _TEXT, tuple(metadata))
     position = 0
     with _SourceSession(url, table_uri(table)) as session:
-        for record_id, text in _pages(session, queries):
-            yield RawRecord(position, record_id, text)
+        for record_id, text, *values in _pages(session, queries):
+            yield (made_of.record(position, {_ID: record_id, _TEXT: text, **dict(zip(metadata, values))}) if metadata
+                   else RawRecord(position, record_id, text))
             position += 1
         for _ in range(session.rows(queries.null_ids, queries.params)[0][0]):
             yield RawRecord(position, None, None)

