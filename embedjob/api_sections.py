@@ -33,8 +33,10 @@ class SourceFormat(str, Enum):
 
 
 DEFAULT_TEXT_FIELD = "text"
-TEMPLATE_NOT_FOR_TABLES = ("textTemplate builds the text of a file source's records; a table source selects its text "
-                           "in a view (docs/table-source.md)")
+TABLE_TEXT = ("a table source takes its text from table.textColumn or from textTemplate (its fields the table's "
+              "columns): set exactly one")
+TABLE_TEMPLATE_FIELD = ("a table source's textTemplate fields are its columns: letters, digits and underscores, not "
+                        "starting with a digit, at most 63 characters")
 TEMPLATE_OR_TEXT_FIELD = "set textTemplate or textField, not both: the template names its fields itself"
 MAX_METADATA_FIELDS = 32
 # A record's metadata (its JSON) larger than this fails the record (metadata_too_large).
@@ -51,7 +53,8 @@ class Source(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel("has(self.uri) != has(self.table)", "set exactly one of uri and table", ".uri"),
-                cel("!has(self.textTemplate) || !has(self.table)", TEMPLATE_NOT_FOR_TABLES, ".textTemplate"),
+                cel("!has(self.table) || has(self.table.textColumn) != has(self.textTemplate)", TABLE_TEXT,
+                    ".textTemplate"),
                 cel("!has(self.metadataFields) || self.metadataFields.all(n, self.metadataFields.exists_one(m, m == n))",
                     "a field is named twice", ".metadataFields"),
                 cel(f"!has(self.metadataFields) || !has(self.table) || self.metadataFields.all(n, "
@@ -89,9 +92,9 @@ class Source(ApiModel):
         None, min_length=1, max_length=4096, pattern=r"^[^\x00]*$",
         description="The text to embed built from several fields instead of textField, e.g. \"{title}\\n\\n{body}\": "
         "each {name} a field of a JSON line (a dotted name is a path into nested objects where no field has the "
-        "name itself) or a column of a CSV or Parquet file; {{ and }} are braces. A record without one of the "
-        "fields, or whose field is not text, fails alone (reason template_field, naming it). File sources only "
-        "(a table source selects its text in a view); not with a textField other than text (docs/sources.md).",
+        "name itself), a column of a CSV or Parquet file, or a column of the table (instead of table.textColumn); "
+        "{{ and }} are braces. A record without one of the fields, or whose field is not text, fails alone (reason "
+        "template_field, naming it). Not with a textField other than text (docs/sources.md).",
     )
     metadata_fields: list[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00]*$")]] | None = Field(
         None, min_length=1, max_length=MAX_METADATA_FIELDS,
@@ -113,8 +116,12 @@ class Source(ApiModel):
             raise ValueError("set exactly one of uri and table")
         if self.database_secret_ref is not None and self.table is None:
             raise ValueError("databaseSecretRef names the database of a table source; a file source has none")
-        if self.text_template is not None and self.table is not None:
-            raise ValueError(TEMPLATE_NOT_FOR_TABLES)
+        if self.table is not None and (self.table.text_column is None) == (self.text_template is None):
+            raise ValueError(TABLE_TEXT)
+        if self.table is not None and self.text_template is not None:
+            for name in parse_template(self.text_template).fields:
+                if not re.fullmatch(SOURCE_IDENTIFIER, name):
+                    raise ValueError(f"textTemplate field {name!r}: {TABLE_TEMPLATE_FIELD}")
         if self.text_template is not None and self.text_field != DEFAULT_TEXT_FIELD:
             raise ValueError(TEMPLATE_OR_TEXT_FIELD)
         if self.table is not None:
@@ -139,9 +146,14 @@ class Source(ApiModel):
         return template
 
     @property
+    def template(self) -> TextTemplate | None:
+        """textTemplate parsed, None without one."""
+        return parse_template(self.text_template) if self.text_template is not None else None
+
+    @property
     def text_of(self) -> str | TextTemplate:
         """What the readers take each record's text from: textTemplate parsed, else textField."""
-        return parse_template(self.text_template) if self.text_template is not None else self.text_field
+        return self.template or self.text_field
 
 
 WORKER_RULES = {

@@ -87,7 +87,9 @@ class SourceTable(ApiModel):
     id_column: str = Field(pattern=SOURCE_IDENTIFIER, max_length=63,
                            description="Column holding each row's id (unique; read as text), the id of its vector row "
                            "and the order rows are read in.")
-    text_column: str = Field(pattern=SOURCE_IDENTIFIER, max_length=63, description="Column holding the text to embed.")
+    text_column: str | None = Field(
+        None, pattern=SOURCE_IDENTIFIER, max_length=63,
+        description="Column holding the text to embed; or, instead, source.textTemplate built from columns.")
     filter: list[TableFilter] = Field(
         default_factory=list, max_length=16,
         description="Conditions a row must meet to be embedded (all of them, AND); at most 16. Rows outside "

@@ -82,6 +82,10 @@ MALFORMED = [
     ("metadata-field-not-a-column", {"source": {"uri": None, "table": TABLE, "metadataFields": ["meta.lang"]}},
      "spec.source.metadataFields"),
     ("metadata-index-without-fields", {"sink": {"index": {"metadata": True}}}, "spec.sink.index.metadata"),
+    ("table-text-column-and-template", {"source": {"uri": None, "table": TABLE, "textTemplate": "{title}"}},
+     "spec.source.textTemplate"),
+    ("table-without-text", {"source": {"uri": None, "table": {"name": "docs", "idColumn": "id"}}},
+     "spec.source.textTemplate"),
 ]
 
 

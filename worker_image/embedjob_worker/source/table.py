@@ -50,6 +50,7 @@ import psycopg
 from psycopg import sql
 
 from embedjob.api import NULL_OPS, SOURCE_IDENTIFIER, SourceTable, TableFilter
+from embedjob.text_template import TextTemplate
 from embedjob.db import LOCK_TIMEOUT_S, STATEMENT_TIMEOUT_S, engine_url
 
 from embedjob_worker.core.logs import log_event, mask_secrets
@@ -120,16 +121,19 @@ class TableQueries(NamedTuple):
     params: list[str]
 
 
-def table_queries(table: SourceTable, metadata: Sequence[str] = ()) -> TableQueries:
+def table_queries(table: SourceTable, template: TextTemplate | None = None, metadata: Sequence[str] = ()) -> TableQueries:
     """How the table is read: SELECT id::text, text FROM schema.name WHERE [filter AND] id IS NOT NULL, in
     pages ORDER BY id, id::text COLLATE "C", text::text COLLATE "C"; then the count of rows without an id.
     The text breaks ties between equal ids, so which of them is read first (and wins) is the same on every
     read, whatever the rows' physical order: the smallest text in byte order, NULL last (a view has no
-    ctid; rows of equal id and text are the same record)."""
+    ctid; rows of equal id and text are the same record). With a `template` (spec.source.textTemplate) its
+    columns stand for the text column, in the order the template names them; `metadata`'s columns follow."""
     # Columns named through the table's alias: in ORDER BY a bare "id" would name the output column id::text,
     # and the rows would come in the order of the ids' texts (1, 10, 100, 2), which no index on id serves.
-    id_column, text_column = (sql.SQL("source.{}").format(_identifier(table.id_column, "idColumn")),
-                              sql.SQL("source.{}").format(_identifier(table.text_column, "textColumn")))
+    id_column = sql.SQL("source.{}").format(_identifier(table.id_column, "idColumn"))
+    text_columns = [sql.SQL("source.{}").format(_identifier(name, "textColumn" if template is None else
+                                                              f"textTemplate field {name!r}"))
+                    for name in (template.fields if template is not None else [table.text_column])]
     source = sql.SQL("FROM {}.{} AS source").format(_identifier(table.table_schema, "schema"),
                                                     _identifier(table.name, "name"))
     params: list[str] = []
@@ -144,8 +148,10 @@ def table_queries(table: SourceTable, metadata: Sequence[str] = ()) -> TableQuer
         return sql.SQL(" WHERE ") + sql.SQL(" AND ").join([*conditions, *more])
 
     kept = [sql.SQL(", source.{}").format(_identifier(name, f"metadataFields[{n}]")) for n, name in enumerate(metadata)]
-    select = sql.SQL("SELECT {}::text, {}{} ").format(id_column, text_column, sql.Composed(kept)) + source
-    order = sql.SQL(' ORDER BY {}, {}, {}::text COLLATE "C" LIMIT %s').format(id_column, id_text, text_column)
+    select = sql.SQL("SELECT {}::text, {}{} ").format(id_column, sql.SQL(", ").join(text_columns),
+                                                      sql.Composed(kept)) + source
+    ties = sql.SQL(", ").join(sql.SQL('{}::text COLLATE "C"').format(column) for column in text_columns)
+    order = sql.SQL(" ORDER BY {}, {}, {} LIMIT %s").format(id_column, id_text, ties)
     has_id = sql.SQL("{} IS NOT NULL").format(id_column)
     # `id >= last` besides the row comparison lets an index on the id column find the page's start.
     after = sql.SQL("{} >= %s AND ({}, {}) > (%s, %s)").format(id_column, id_column, id_text)
@@ -154,14 +160,14 @@ def table_queries(table: SourceTable, metadata: Sequence[str] = ()) -> TableQuer
                         params=params)
 
 
-def check_table(table: SourceTable) -> None:
-    """Raise UnsafeTableSpec unless the whole table spec is safe to compose into SQL."""
-    table_queries(table)
+def check_table(table: SourceTable, template: TextTemplate | None = None) -> None:
+    """Raise UnsafeTableSpec unless the whole table spec (and the template's columns) is safe to compose into SQL."""
+    table_queries(table, template)
 
 
-def table_snapshot(table: SourceTable) -> InputSnapshot:
+def table_snapshot(table: SourceTable, template: TextTemplate | None = None) -> InputSnapshot:
     """The table's identity as an input snapshot: what it reads, not what the rows hold (module docstring)."""
-    check_table(table)
+    check_table(table, template)
     identity = {"schema": table.table_schema, "name": table.name, "idColumn": table.id_column,
                 "textColumn": table.text_column, "filter": [f.model_dump(by_alias=True, exclude_none=True)
                                                             for f in table.filter]}
@@ -179,17 +185,19 @@ def libpq_url(url: str) -> str:
     return engine_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def read_table_records(url: str, table: SourceTable, metadata: Sequence[str] = ()) -> Iterator[RawRecord]:
-    """The table's rows as RawRecords (id as text, the text column as stored, the `metadata` columns' values as
-    JSON), in id order, then one without id or text per row whose id is NULL; SourceWaitExceeded when a statement
-    or lock wait outlasts its bound."""
-    queries = table_queries(table, metadata)
-    made_of = RecordFields(_ID, _TEXT, tuple(metadata))
+def read_table_records(url: str, table: SourceTable, template: TextTemplate | None = None,
+                       metadata: Sequence[str] = ()) -> Iterator[RawRecord]:
+    """The table's rows as RawRecords (id as text, the text column as stored or the `template` rendered from its
+    columns, the `metadata` columns' values as JSON), in id order, then one without id or text per row whose id is
+    NULL; SourceWaitExceeded when a statement or lock wait outlasts its bound."""
+    queries = table_queries(table, template, metadata)
+    names = list(template.fields) if template is not None else [_TEXT]
+    made_of = RecordFields(_ID, template or _TEXT, tuple(metadata))
     position = 0
     with _SourceSession(url, table_uri(table)) as session:
-        for record_id, text, *values in _pages(session, queries):
-            yield (made_of.record(position, {_ID: record_id, _TEXT: text, **dict(zip(metadata, values))}) if metadata
-                   else RawRecord(position, record_id, text))
+        for record_id, *values in _pages(session, queries):
+            yield (made_of.record(position, {_ID: record_id, **dict(zip([*names, *metadata], values))})
+                   if template is not None or metadata else RawRecord(position, record_id, values[0]))
             position += 1
         for _ in range(session.rows(queries.null_ids, queries.params)[0][0]):
             yield RawRecord(position, None, None)
