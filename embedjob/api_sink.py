@@ -73,9 +73,10 @@ class VectorIndex(ApiModel):
         "slowly (about as slowly as maintaining the index during the load); the run's log says when it did not "
         "fit. The memory is taken from the database server.",
     )
-    metadata: bool = Field(
-        False, description="A GIN index (jsonb_path_ops) on the vectors' metadata (source.metadataFields), for "
-        "searches that filter on it (`embedjob search --where`); built after the load when missing.",
+    metadata: bool | None = Field(
+        None, description="true: a GIN index (jsonb_path_ops) on the vectors' metadata (source.metadataFields), for "
+        "searches that filter on it (`embedjob search --where`); built after the load when missing. Unset or "
+        "false: none.",
     )
 
     @property

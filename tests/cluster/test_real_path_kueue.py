@@ -34,11 +34,12 @@ from support.real_path import pod_visible_dir, real_path  # noqa: F401 - fixture
 from support.sql import query
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
-# Long enough to be preempted mid-run on a loaded 2-core machine; every vector is encoded again
-# in the test to check it.
-RECORDS = 800
+# Long enough to be preempted mid-run on an idle 2-core machine too (800 records in batches of 8 were all
+# written before Kueue's preemption took effect there); every vector is encoded again in the test to check it.
+RECORDS = 2000
+BATCH_SIZE = 4
 MAX_IN_FLIGHT = 2
-COMMITTED_BEFORE_PREEMPTION = 5  # batches of 8 the first job has written when the urgent one comes
+COMMITTED_BEFORE_PREEMPTION = 5  # batches the first job has written when the urgent one comes
 
 
 def heads_of(watcher: PodWatcher, rayjob: str) -> list[str]:
@@ -65,7 +66,8 @@ def test_a_job_preempted_by_kueue_resumes_on_readmission_and_finishes_with_exact
 
         try:
             # 1. first (low priority) is admitted at once and writes batches through the real pods
-            start_long_job(kube, namespace, "first", uri, batching={"maxInFlight": MAX_IN_FLIGHT},
+            start_long_job(kube, namespace, "first", uri,
+                           batching={"maxInFlight": MAX_IN_FLIGHT, "batchSize": BATCH_SIZE},
                            **queue_spec(namespace, "low"))
             first = job_status(kube, namespace, "first")
             job_key, rayjob = get_json(kube, "ej", "first", "-n", namespace)["metadata"]["uid"], first["rayJobName"]
