@@ -97,10 +97,13 @@ class Dispatcher:
             if (write_failure := writer.failure()) is not None:
                 raise write_failure
             self.actors.check_lease()  # a lost pool lease stops the job (LeaseLost; embedjob_worker.encode.lease)
-            while self.failure is None and len(self._in_flight) + writer.uncommitted < max_in_flight:
+            # A batch waiting to be retried is still in flight: a crash then loses it too, so it counts against
+            # maxInFlight (an actor lost as its pod goes must not free room for new batches), and it is sent
+            # again when due whatever the room, which it holds already.
+            while self.failure is None:
                 if self._retries and self._retries[0][0] <= time.monotonic():
                     self._submit(heapq.heappop(self._retries)[2])
-                elif source_done:
+                elif source_done or len(self._in_flight) + len(self._retries) + writer.uncommitted >= max_in_flight:
                     break
                 elif (batch := next(batches, None)) is None:
                     source_done = True
