@@ -135,6 +135,13 @@ class Sink(ApiModel):
         "id, model and revision (no leading or trailing white space).",
     )
 
+    retain_previous: int = Field(
+        1, ge=0, le=100, strict=True,
+        description="Revisions (model and revision) of the collection kept, besides the ready one, after a run makes "
+        "another ready: retired ones past this many are deleted with their vectors after the switch. 0: the previous "
+        "revision goes right after the switch. Searches read only the ready revision (the table's <table>_current "
+        "view; docs/revisions.md).",
+    )
     vector_type: VectorType = Field(
         VectorType.vector, validate_default=True,
         description="Column type of the vectors: vector (32-bit floats) or halfvec (16-bit floats, half the "

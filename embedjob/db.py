@@ -157,6 +157,27 @@ run_shards = sa.Table(
     sa.Column("batch_ids", postgresql.ARRAY(sa.Text), nullable=False),
 )
 
+# The state of each (vectors table, collection, model, revision) written by a run: `embedding` from a run's start
+# until a run of it succeeds with every batch written, then `ready` (at most one per table and collection: the
+# revision searches read, through the table's `_current` view) until another revision becomes ready, then `retired`
+# (kept for spec.sink.retainPrevious switches, then deleted with its vectors). `vectors_table` is schema-qualified.
+REVISION_STATES = ("embedding", "ready", "retired")
+revisions = sa.Table(
+    "embedjob_revisions",
+    metadata,
+    sa.Column("vectors_table", sa.String(128), primary_key=True),
+    sa.Column("collection", sa.String(128), primary_key=True),
+    sa.Column("model", sa.String(256), primary_key=True),
+    sa.Column("revision", sa.String(128), primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("namespace", sa.String(63), nullable=False),  # the job's that last changed it (row-level security)
+    sa.Column("run_id", sa.String(36), nullable=False),  # the run that last changed it
+    _ts("changed_at", nullable=False, server_default=sa.func.now()),
+    sa.CheckConstraint(f"state IN {REVISION_STATES}", name="embedjob_revisions_state"),
+    sa.Index("embedjob_revisions_one_ready", "vectors_table", "collection", unique=True,
+             postgresql_where=sa.text("state = 'ready'")),
+)
+
 # One row per job that uses a detached actor pool on a shared Ray cluster
 # (spec.clusterSelector). A lease is live while it is not released and its heartbeat is
 # fresh; the operator removes a pool's actors only when none of its leases is live, and

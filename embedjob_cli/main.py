@@ -25,10 +25,10 @@ from embedjob.contract import DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, ExitCod
 
 from embedjob_worker.core.config import JobConfig  # noqa: E402
 from embedjob_worker.core.errors import JobFailed, Unreachable, unreachable_exit_code  # noqa: E402
-from embedjob_cli import job_logs, model_revision, render  # noqa: E402
+from embedjob_cli import job_logs, model_revision, render, search_command  # noqa: E402
 from embedjob_cli.noise import quiet_libraries  # noqa: E402
 from embedjob_worker.core.logs import configure_logging, log_event, mask_secrets, mask_url  # noqa: E402
-from embedjob_cli.search import DEFAULT_EF_SEARCH, MAX_EF_SEARCH, nearest, where_condition  # noqa: E402
+from embedjob_cli.search import nearest, revision_refusal  # noqa: E402
 from embedjob_worker.sink.target import SinkTarget  # noqa: E402
 from embedjob_worker.sink.vector_index import metric_for  # noqa: E402
 
@@ -60,37 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--chunk-overlap-tokens", type=int, metavar="N",
                      help="tokens a chunk repeats from the one before: sets spec.chunking.overlapTokens (turns "
                      "chunking on)")
-    search = commands.add_parser("search", help="nearest neighbours of a query in the job's collection")
-    search.add_argument("manifest", type=Path)
-    search.add_argument("query")
-    search.add_argument("-k", type=int, default=5, help="how many neighbours (default 5)")
-    search.add_argument("--database-url", default=os.environ.get(DATABASE_URL_ENV))
-    search.add_argument("--ef-search", type=_ef_search, help=f"HNSW candidate list (hnsw.ef_search, 1-{MAX_EF_SEARCH}; "
-                        f"default {DEFAULT_EF_SEARCH} or k if more): higher finds more true neighbours, slower")
-    search.add_argument("--prompt", help="the text put before the query (default: the model's query prompt where its "
-                        "config declares one, else its default prompt, else none; \"\" for none)")
-    search.add_argument("--where", action="append", default=[], type=_where, metavar="KEY=VALUE",
-                        help="only vectors whose metadata (spec.source.metadataFields) has KEY equal to VALUE; "
-                        "repeat for more (all must hold)")
-    search.add_argument("--verbose", "-v", action="store_true",
-                        help="show what the libraries print on their own (silenced otherwise)")
+    search_command.add_command(commands)
     job_logs.add_command(commands)
     render.add_command(commands)
     model_revision.add_command(commands)
     return parser
-
-
-def _ef_search(value: str) -> int:
-    if not value.isdigit() or not 1 <= int(value) <= MAX_EF_SEARCH:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_EF_SEARCH}")
-    return int(value)
-
-
-def _where(value: str) -> tuple[str, str]:
-    try:
-        return where_condition(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _with_index(config: JobConfig, index: str | None) -> JobConfig:
@@ -270,7 +244,9 @@ def _search(config: JobConfig, database_url: Callable[[], str], args: argparse.N
         # the table the job's runs write: in the schema the role creates tables in, never found through the search path
         target = SinkTarget.of_job(config).in_schema_of(engine)
         with engine.connect() as conn:
-            hits = nearest(conn, target.vectors, target.collection, resolved.name, resolved.revision, query, args.k,
+            refusal = None if args.incoming else revision_refusal(conn, target.vectors, target.collection,
+                                                                  resolved.name, resolved.revision)
+            hits = None if refusal else nearest(conn, target.vectors, target.collection, resolved.name, resolved.revision, query, args.k,
                            metric_for(config.spec.model.normalize), args.ef_search, args.where)
     except sa.exc.OperationalError as exc:
         raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
@@ -279,6 +255,9 @@ def _search(config: JobConfig, database_url: Callable[[], str], args: argparse.N
         return ExitCode.JOB_FAILED
     finally:
         engine.dispose()
+    if refusal:
+        print(f"embedjob: {refusal}", file=sys.stderr)
+        return ExitCode.JOB_FAILED
     if hits is None:
         print(f"embedjob: no vectors yet: run `embedjob run {args.manifest}` first", file=sys.stderr)
         return ExitCode.JOB_FAILED

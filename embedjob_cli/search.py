@@ -21,6 +21,7 @@ import sqlalchemy as sa
 
 from embedjob.vector_types import VECTOR_TYPES
 
+from embedjob_worker.sink.revisions import ready_revision, revision_state
 from embedjob_worker.sink.target import VectorsTable
 from embedjob_worker.sink.vector_index import Metric
 
@@ -49,6 +50,27 @@ def column_types(conn: sa.Connection, table: VectorsTable) -> dict[str, str]:
     return dict(conn.execute(sa.text(
         "SELECT attname, atttypid::regtype::text FROM pg_attribute WHERE attrelid = to_regclass(:t) AND attnum > 0"
         " AND NOT attisdropped"), {"t": table.sql}).all())
+
+
+def revision_refusal(conn: sa.Connection, table: VectorsTable, collection: str, model: str, revision: str) -> str | None:
+    """Why search does not read the manifest's (model, revision): it reads the collection's ready one only (a run of
+    it wrote every batch; docs/revisions.md). None when it is the ready one, or when the collection has no revision
+    recorded (vectors written before embedjob_revisions existed: read as they are)."""
+    if conn.execute(sa.text("SELECT to_regclass('embedjob_revisions')")).scalar() is None:
+        return None
+    ready = ready_revision(conn, table, collection)
+    if ready == (model, revision):
+        return None
+    state = revision_state(conn, table, collection, model, revision)
+    if ready is None and state is None:
+        return None
+    mine = f"{model}@{revision} ({state or 'no run of it yet'})"
+    if ready is None:
+        return (f"collection {collection!r} of table {table} has no ready revision yet: this manifest's is {mine}; "
+                "search reads a revision once a run of it has written every batch (--incoming reads it as it stands)")
+    return (f"the ready revision of collection {collection!r} in table {table} is {ready[0]}@{ready[1]}, not this "
+            f"manifest's {mine}: search with the manifest of the ready one, or pass --incoming to read this one as "
+            "it stands")
 
 
 def where_condition(text: str) -> tuple[str, str]:

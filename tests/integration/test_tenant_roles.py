@@ -57,6 +57,8 @@ def _rows_of_job(run: dict, n: int) -> dict[sa.Table, dict]:
         db.seen_ids: {"run_id": run_id, "record_id": f"rec-{n}", "position": n},
         db.run_shards: {"run_id": run_id, "first_file": n, "files": 1, "records": 3, "batches": 1, "counts": {},
                         "batch_ids": [f"batch-{n}"]},
+        db.revisions: {"vectors_table": f"{run['namespace']}.embeddings", "collection": f"c-{n}", "model": "m",
+                       "revision": "r", "state": "ready", "namespace": run["namespace"], "run_id": run_id},
         db.pool_leases: {"lease_id": str(uuid.uuid4()), "pool": "p", "cluster": f"{run['namespace']}/ray",
                          "job_key": key, "job_name": "pep", "namespace": run["namespace"], "actors": 1},
     }
@@ -92,7 +94,7 @@ def test_a_tenant_cannot_read_insert_update_or_delete_another_namespaces_rows(da
     with a.begin() as conn:
         assert conn.execute(sa.select(table)).all() == []
         column = {db.runs: "state", db.pool_leases: "actors", db.seen_ids: "position", db.run_shards: "records", db.record_errors: "detail",
-                  db.batch_attempts: "reason", db.batches: "state"}[table]
+                  db.batch_attempts: "reason", db.batches: "state", db.revisions: "run_id"}[table]
         value = {"actors": 9, "position": 99, "records": 99}.get(column, "failed")
         assert conn.execute(table.update().values({column: value})).rowcount == 0
         assert conn.execute(table.delete()).rowcount == 0

@@ -12,31 +12,16 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from embedjob.migrations.tenant_rows import confine_rows, own_namespace
+
 revision = "0014"
 down_revision = "0013"
 branch_labels = None
 depends_on = None
 
 TABLE = "embedjob_run_shards"
-# As migration 0005 words it for embedjob_seen_ids (a row's run is one the role may use).
-_MEMBER = ("EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = {role}"
-           " AND pg_catalog.pg_has_role(r.oid, 'USAGE'))")
-_CONFINED = f"EXISTS (SELECT FROM embedjob_tenant_namespaces m WHERE {_MEMBER.format(role='m.role')})"
-_OWN_RUN = (f"EXISTS (SELECT FROM embedjob_runs r WHERE r.run_id = {TABLE}.run_id AND EXISTS (SELECT FROM "
-            f"embedjob_tenant_namespaces m WHERE m.namespace = r.namespace AND {_MEMBER.format(role='m.role')}))")
-# The roles granted what a driver needs on embedjob_seen_ids, each given the same on the new table.
-_SAME_GRANTS = f"""
-DO $$
-DECLARE grantee_role text;
-BEGIN
-  FOR grantee_role IN
-    SELECT DISTINCT grantee FROM information_schema.role_table_grants
-    WHERE table_schema = current_schema() AND table_name = 'embedjob_seen_ids' AND privilege_type = 'INSERT'
-      AND grantee <> current_user AND grantee <> 'PUBLIC'
-  LOOP
-    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON {TABLE} TO %I', grantee_role);
-  END LOOP;
-END $$"""
+# A row is one the role may use when its run is (migration 0005 words it so for embedjob_seen_ids).
+_OWN_RUN = (f"EXISTS (SELECT FROM embedjob_runs r WHERE r.run_id = {TABLE}.run_id AND {own_namespace('r.namespace')})")
 
 
 def upgrade() -> None:
@@ -51,10 +36,7 @@ def upgrade() -> None:
         sa.Column("counts", postgresql.JSONB, nullable=False),
         sa.Column("batch_ids", postgresql.ARRAY(sa.Text), nullable=False),
     )
-    op.execute(f"ALTER TABLE {TABLE} ENABLE ROW LEVEL SECURITY")
-    op.execute(f"CREATE POLICY embedjob_tenant_rows ON {TABLE} USING (NOT {_CONFINED} OR {_OWN_RUN})"
-               f" WITH CHECK (NOT {_CONFINED} OR ({_OWN_RUN}))")
-    op.execute(_SAME_GRANTS)
+    confine_rows(TABLE, _OWN_RUN)
 
 
 def downgrade() -> None:

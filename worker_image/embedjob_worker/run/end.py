@@ -1,4 +1,5 @@
-"""The end of a job's run: the vector index built, the run row finished, the summary filled in; a refused start."""
+"""The end of a job's run: the vector index built, the run row finished, the summary filled in, the retired revisions
+past spec.sink.retainPrevious dropped; a refused start."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from embedjob.api import EmbeddingJobSpec, RunCounters
 from embedjob_worker.core.errors import DB_ERRORS, JobFailed, Unreachable, retry_database
 from embedjob_worker.core.logs import log_event, mask_secrets
 from embedjob_worker.core.tally import RunSummary, RunTally
+from embedjob_worker.sink.revisions import drop_retired
 from embedjob_worker.sink.runs import JobRuns, RunSession
 from embedjob_worker.sink.target import VectorsTable
 from embedjob_worker.sink.vector_index import ensure_index, ensure_metadata_index, metric_for
@@ -72,3 +74,13 @@ def finish_run(runs: JobRuns, run: RunSession, failure: JobFailed | None, tally:
     summary.counters = counters = RunCounters(**{name: row[name] for name in RunCounters.model_fields})
     log_event(log, "run_finished", logging.ERROR if failure else logging.INFO, run=run.run_id, state=state,
               reason=summary.reason, error=summary.error, **counters.model_dump())
+
+
+def drop_previous(runs: JobRuns, retain: int) -> None:
+    """After a successful run: the collection's retired revisions past the `retain` latest dropped with their vectors
+    (revisions.drop_retired). The run is recorded already; a drop the database cut short is logged and taken up
+    again after the next switch."""
+    try:
+        drop_retired(runs.engine, runs.target.vectors, runs.target.collection, retain)
+    except (sa.exc.DBAPIError, *DB_ERRORS) as exc:
+        log_event(log, "revision_drop_failed", logging.WARNING, error=mask_secrets(str(exc)))

@@ -40,7 +40,7 @@ from embedjob_worker.encode.workers import ActorSet
 from embedjob_worker.plan.batching import Batch
 from embedjob_worker.plan.checks import IdRegistry, SortedIds
 from embedjob_worker.plan.feed import FeedPlan, FeedSkips, batches_to_embed
-from embedjob_worker.run.end import build_index, finish_run, refused
+from embedjob_worker.run.end import build_index, drop_previous, finish_run, refused
 from embedjob_worker.run.start import StartedRun, migrate, start_run
 from embedjob_worker.sink.incremental import (
     IncrementalFeed, StoredHashes, delete_missing, forget_seen_ids, run_batch_ids,
@@ -109,6 +109,8 @@ class JobRun:
                       batching=self.summary.batching, prompt=self.summary.prompt, dimensions=resolved.dimensions)
             failure = self._load(started)
             finish_run(self.runs, run, failure, self.tally, self.summary, time.monotonic() - self.started)
+            if failure is None:
+                drop_previous(self.runs, self.spec.sink.retain_previous)
             self._report()
             return self.summary
 

@@ -21,7 +21,8 @@ from embedjob_worker.core.logs import mask_secrets
 from embedjob_worker.core.outcome import ADDED_COUNTERS, KEPT_ON_RESUME, CounterUpdate, DoneBatch
 from embedjob_worker.core.shards import ShardRead
 from embedjob_worker.core.tally import DriverCounts
-from embedjob_worker.sink.target import SinkTarget
+from embedjob_worker.sink.revisions import make_ready, mark_embedding
+from embedjob_worker.sink.target import SinkTarget, VectorsTable
 from embedjob_worker.source.dataset import dataset_changes
 from embedjob_worker.source.snapshot import describe_input
 
@@ -131,13 +132,24 @@ class JobRuns:
                         state="running", reason=None, error=None, finished_at=None, heartbeat_at=sa.func.now(),
                         driver_session=session, **_SESSION_START_COUNTERS,
                     ).returning(*(runs.c[name] for name in KEPT_ON_RESUME))).one()
+                    self._mark_embedding(conn, request, latest.run_id)
                     return RunStart(RunSession(latest.run_id, session, request.model, request.revision), True,
                                     **resumed._asdict())
                 refused = _refusal(latest, request, how_to_start_anew)
             run_id = self._insert_run(conn, request, session, refused and "InputChanged", refused)
+            if not refused:
+                self._mark_embedding(conn, request, run_id)
         if refused:
             raise JobFailed("InputChanged", refused)
         return RunStart(RunSession(run_id, session, request.model, request.revision), resumed=False)
+
+    def _vectors(self) -> VectorsTable:
+        self.target = self.target.in_schema_of(self.engine)  # looked up once
+        return self.target.vectors
+
+    def _mark_embedding(self, conn: sa.Connection, request: RunRequest, run_id: str) -> None:
+        mark_embedding(conn, self._vectors(), self.target.collection, request.model, request.revision,
+                       self.namespace, run_id)
 
     def refuse_start(self, model: str, failure: JobFailed) -> None:
         """A run that could not start (no model, no input): a failed run row that says why."""
@@ -173,7 +185,8 @@ class JobRuns:
     def finish(self, run: RunSession, state: str, reason: str | None, error: str | None,
                update: CounterUpdate | None = None) -> dict:
         """The run's end (its seen ids, seen_ids.SeenIds, and shards read go: only a resumed session needs them); the run
-        row's counters."""
+        row's counters. A run that succeeded with every batch written makes its revision the collection's ready one
+        in the same transaction (revisions.make_ready)."""
         update = update or CounterUpdate()
         with self.engine.begin() as conn:
             conn.execute(db.seen_ids.delete().where(db.seen_ids.c.run_id == run.run_id))
@@ -181,6 +194,9 @@ class JobRuns:
             row = update_run(conn, run, {**counter_values({}, update.driver), **update.set, "state": state,
                                          "reason": reason, "error": error and mask_secrets(error),
                                          "finished_at": sa.func.now()})
+            if state == "succeeded" and row.batches_failed == 0:
+                make_ready(conn, self._vectors(), self.target.collection, run.model, run.revision,
+                                     self.namespace, run.run_id)
         return dict(row._mapping)
 
 

@@ -21,6 +21,7 @@ from embedjob.vectors_schema import metadata_columns, vectors_table
 
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.logs import log_event
+from embedjob_worker.sink.revisions import ensure_current_view
 from embedjob_worker.sink.target import VectorsTable
 from embedjob_worker.sink.vector_index import BUILD_TIMEOUT_S
 
@@ -102,13 +103,25 @@ def add_metadata_columns(engine: sa.Engine, table: VectorsTable) -> bool:
     return True
 
 
+def _ensure_view(conn: sa.Connection, table: VectorsTable) -> None:
+    """The table's `_current` view (revisions.current_view); a role that may not make it (no CREATE on the schema,
+    not the view's owner) is told so in the log and the run goes on: only readers of the view miss it."""
+    try:
+        with conn.begin_nested():
+            ensure_current_view(conn, table)
+    except sa.exc.ProgrammingError as exc:
+        log_event(log, "current_view_not_made", logging.WARNING, table=str(table), error=str(exc.orig).strip())
+
+
 def ensure_vectors_table(engine: sa.Engine, table: VectorsTable, dim: int, vector_type: str) -> None:
-    """Create the vectors table unless it exists; refuse one of another vector type or dimension."""
+    """Create the vectors table unless it exists, with its `_current` view; refuse one of another vector type or
+    dimension."""
     with engine.begin() as conn:
         # Drivers of two jobs sharing a table may start together; CREATE TABLE's
         # check-then-create is not atomic (a duplicate pg_type row otherwise).
         conn.execute(db.advisory_lock_sql("pg_advisory_xact_lock", db.TABLE_LOCK), {"name": str(table)})
         vectors_table(table.name, dim, vector_type=vector_type, schema=table.schema).create(conn, checkfirst=True)
+        _ensure_view(conn, table)
         existing_type, existing_dim = conn.execute(sa.text(
             "SELECT atttypid::regtype::text, atttypmod FROM pg_attribute"
             " WHERE attrelid = CAST(:t AS regclass) AND attname = 'embedding'"
