@@ -30,10 +30,25 @@ class RunRow(RunCounters):
     error: str | None = None
     heartbeat_at: dt.datetime | None = None
     prompt: str | None = None  # the document prompt the run embedded with (migration 0013)
+    model: str = ""
+    revision: str = ""
+    collection: str = ""
+    vectors_table: str = ""  # unqualified, as spec.sink.table
+    # From embedjob_revisions (migration 0015), not the run row: the state of the run's revision in its collection,
+    # and the collection's ready model@revision.
+    revision_state: str | None = None
+    ready_revision: str | None = None
 
 
+_FROM_REVISIONS = ("revision_state", "ready_revision")
 # The columns of a RunRow, by field name (a field without a column fails here, at import).
-_RUN_COLUMNS = [runs.c[name] for name in RunRow.model_fields]
+_RUN_COLUMNS = [runs.c[name] for name in RunRow.model_fields if name not in _FROM_REVISIONS]
+# The run's revision and the collection's ready one. embedjob_revisions names the table with its schema, the run row
+# without: of same-named tables in several schemas, the rows last changed by the job's namespace come first.
+_REVISIONS = sa.text(
+    "SELECT model, revision, state FROM embedjob_revisions WHERE collection = :collection"
+    " AND right(vectors_table, :length) = :suffix AND (state = 'ready' OR (model = :model AND revision = :revision))"
+    " ORDER BY namespace = :namespace DESC, changed_at DESC")
 
 
 class RunUnavailable(Exception):
@@ -55,13 +70,29 @@ class RunReader:
         try:
             with self._engine.connect() as conn:
                 row = conn.execute(query).mappings().first()
+                if row is None:
+                    return None
+                return RunRow.model_validate({**row, **self._revisions(conn, row, namespace)})
         except sa.exc.DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) == UNDEFINED_TABLE:
                 return None
             raise RunUnavailable(self._describe(exc)) from None
         except sa.exc.SQLAlchemyError as exc:
             raise RunUnavailable(self._describe(exc)) from None
-        return None if row is None else RunRow.model_validate(dict(row))
+
+    @staticmethod
+    def _revisions(conn: sa.Connection, run: sa.RowMapping, namespace: str) -> dict[str, str | None]:
+        """The run's revision state and the collection's ready revision; none before migration 0015 or a run that
+        recorded one."""
+        if conn.execute(sa.text("SELECT to_regclass('embedjob_revisions')")).scalar() is None:
+            return {}
+        rows = conn.execute(_REVISIONS, {
+            "collection": run["collection"], "length": len(run["vectors_table"]) + 1,
+            "suffix": f".{run['vectors_table']}", "model": run["model"], "revision": run["revision"],
+            "namespace": namespace}).all()
+        own = next((r.state for r in rows if (r.model, r.revision) == (run["model"], run["revision"])), None)
+        ready = next((f"{r.model}@{r.revision}" for r in rows if r.state == "ready"), None)
+        return {"revision_state": own, "ready_revision": ready}
 
     def _describe(self, exc: Exception) -> str:
         cause = getattr(exc, "orig", None) or exc

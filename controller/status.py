@@ -1,13 +1,11 @@
 """The EmbeddingJob's status from what the operator observes (pure functions).
 
-One `Phase` (state, reason, message) is derived from the review verdict, the RayJob's
-status (KubeRay's `jobDeploymentStatus` and `jobStatus`), the driver's run row and,
-while the job has not started, what it waits for (`controller.waiting`); the conditions
-follow from it with the Kubernetes conventions: `lastTransitionTime`
-changes only when a condition's status changes, `observedGeneration` is always set.
-Complete and Failed are final: later changes of the RayJob (its TTL, a deletion)
-do not reopen a finished job. Built through the status model (`embedjob.api_status`), in its
-wire form, so it cannot hold a field the CRD does not declare. Its Events: `controller.events`.
+One `Phase` (state, reason, message) is derived from the review verdict, the RayJob's status (KubeRay's
+`jobDeploymentStatus` and `jobStatus`), the driver's run row and, while the job has not started, what it waits for
+(`controller.waiting`); the conditions follow from it with the Kubernetes conventions: `lastTransitionTime` changes
+only when a condition's status changes, `observedGeneration` is always set. Complete and Failed are final: later
+changes of the RayJob (its TTL, a deletion) do not reopen a finished job. Built through the status model (in its wire
+form: it cannot hold a field the CRD does not declare). Its Events: `controller.events`.
 """
 
 from __future__ import annotations
@@ -86,10 +84,12 @@ def _summary(run: RunRow) -> str:
 
 
 def progress_of(run: RunRow) -> dict[str, Any]:
-    """`status.progress`: the run's counters (texts/s to one decimal) and a summary."""
+    """`status.progress`: the run's counters (texts/s to one decimal), a summary, its revision (docs/revisions.md)."""
     counters = run.model_dump(include=set(RunCounters.model_fields))
     counters["texts_per_second"] = round(run.texts_per_second, 1)
-    return _wire(Progress(**counters, summary=_summary(run), prompt=run.prompt))
+    return _wire(Progress(**counters, summary=_summary(run), prompt=run.prompt, revision_state=run.revision_state,
+                          revision=f"{run.model}@{run.revision}" if run.model else None,
+                          ready_revision=run.ready_revision))
 
 
 def failure(rayjob_status: dict[str, Any], run: RunRow | None) -> tuple[str, str]:

@@ -49,6 +49,13 @@ class Progress(RunCounters):
         None, max_length=1024, description="The document prompt the run embedded its texts with (its first 200 "
         "characters), and why: e.g. "
         "'passage: ' (the model's 'passage' prompt (its document prompt)), or none (docs/prompts.md).")
+    revision: str | None = Field(None, max_length=400, description="The model and revision the run embeds with "
+                                 "(model@revision).")
+    revision_state: str | None = Field(None, max_length=16, description="That revision's state in its collection: "
+                                       "embedding (incoming: searches do not read it yet), ready (what searches "
+                                       "read) or retired (docs/revisions.md).")
+    ready_revision: str | None = Field(None, max_length=400, description="The collection's ready revision "
+                                       "(model@revision): what searches read while another is incoming.")
 
 
 class EmbeddingJobStatus(ApiModel):

@@ -8,7 +8,7 @@ import uuid
 import sqlalchemy as sa
 
 from controller.run_reader import RunReader
-from embedjob.db import migrate, runs
+from embedjob.db import migrate, revisions, runs
 
 
 def _run_row(job_key: str, started_at: dt.datetime, **counters) -> dict:
@@ -73,3 +73,34 @@ def test_only_a_row_of_the_jobs_namespace_and_name_drives_its_status(database_ur
         assert reader.latest("uid-1", "team-c", "pep") is None
     finally:
         reader.close()
+
+
+def test_the_runs_revision_state_and_the_collections_ready_revision_come_from_embedjob_revisions(database_url):
+    migrate(database_url)
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(runs.insert().values(**_run_row("uid-1", t0, revision="new")))
+        conn.execute(revisions.insert(), [
+            {"vectors_table": "team_a.embeddings", "collection": "default", "model": "m", "revision": "old",
+             "state": "ready", "namespace": "team-a", "run_id": "r0"},
+            {"vectors_table": "team_a.embeddings", "collection": "default", "model": "m", "revision": "new",
+             "state": "embedding", "namespace": "team-a", "run_id": "r1"},
+            # another collection's, and a same-named table's in another schema: neither is this job's
+            {"vectors_table": "team_a.embeddings", "collection": "other", "model": "m", "revision": "x",
+             "state": "ready", "namespace": "team-a", "run_id": "r2"},
+            {"vectors_table": "team_a.more_embeddings", "collection": "default", "model": "m", "revision": "y",
+             "state": "ready", "namespace": "team-a", "run_id": "r3"},
+        ])
+    reader = RunReader(database_url)
+    try:
+        run = reader.latest("uid-1", "team-a", "pep")
+        assert (run.model, run.revision, run.revision_state, run.ready_revision) == ("m", "new", "embedding", "m@old")
+        with engine.begin() as conn:  # the switch: the new revision ready, the old one retired
+            conn.execute(sa.text("UPDATE embedjob_revisions SET state = 'retired' WHERE revision = 'old'"))
+            conn.execute(sa.text("UPDATE embedjob_revisions SET state = 'ready' WHERE revision = 'new'"))
+        run = reader.latest("uid-1", "team-a", "pep")
+        assert (run.revision_state, run.ready_revision) == ("ready", "m@new")
+    finally:
+        reader.close()
+        engine.dispose()

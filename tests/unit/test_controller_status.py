@@ -110,6 +110,16 @@ def test_refused_job_is_pending_with_the_reason():
     assert (event.type, event.status, event.reason, event.warning) == ("Accepted", "False", "SecretNotFound", True)
 
 
+def test_progress_names_the_runs_revision_its_state_and_the_collections_ready_one():
+    incoming = run().model_copy(update={"model": "intfloat/e5-small-v2", "revision": "ffb93f3+p2e8e1ab",
+                                        "revision_state": "embedding", "ready_revision": "all-MiniLM-L6-v2@7e54b3b"})
+    progress = status.progress_of(incoming)
+    assert (progress["revision"], progress["revisionState"], progress["readyRevision"]) == (
+        "intfloat/e5-small-v2@ffb93f3+p2e8e1ab", "embedding", "all-MiniLM-L6-v2@7e54b3b")
+    # a run row from before migration 0015 (no revision recorded) adds nothing
+    assert not {"revision", "revisionState", "readyRevision"} & status.progress_of(run()).keys()
+
+
 def test_lifecycle_to_complete():
     pending = status.desired_status({}, observe(T0, verdict=ACCEPTED, rj=rayjob()))
     assert pending["state"] == "Pending" and pending["reason"] == "Initializing"
