@@ -10,9 +10,12 @@ from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
 from support.sql import query
 from embedjob_cli.search import revision_refusal
+from embedjob.db import migrate, runs
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.run.job import DriverOptions, run_job
+from embedjob_worker.sink.revisions import drop_retired, make_ready, mark_embedding
 from embedjob_worker.sink.target import VectorsTable
+from embedjob_worker.sink.vectors_table import ensure_vectors_table
 
 RECORDS = 160
 TABLE = VectorsTable("public", "embeddings")
@@ -125,3 +128,36 @@ def test_retired_revisions_past_retain_previous_go_and_a_later_run_of_one_embeds
     assert states(database_url) == {first_revision: "ready"}
     assert rows_by_revision(database_url) == {first_revision: whole}
     assert query(database_url, "SELECT count(*) FROM embeddings_current WHERE collection = 'switch'") == [(whole,)]
+
+
+def test_a_revision_retired_while_its_run_wrote_stays_retired_and_a_live_runs_revision_is_not_dropped(
+        database_url):
+    migrate(database_url)
+    engine = sa.create_engine(database_url)
+    table = VectorsTable("public", "vectors")
+    ensure_vectors_table(engine, table, 3, "vector")
+    key = dict(table=table, collection="c", model="m")
+    with engine.begin() as conn:
+        for revision in ("a", "b"):
+            mark_embedding(conn, **key, revision=revision, namespace="tests", run_id=f"run-{revision}")
+        make_ready(conn, **key, revision="a", namespace="tests", run_id="run-a")
+        make_ready(conn, **key, revision="b", namespace="tests", run_id="run-b")  # a retired, as by another job
+        make_ready(conn, **key, revision="a", namespace="tests", run_id="run-a")  # a's run ends after that
+    assert dict(query(database_url, "SELECT revision, state FROM embedjob_revisions")) == {"a": "retired",
+                                                                                          "b": "ready"}
+    with engine.begin() as conn:  # a run of `a` is still writing it: its heartbeat is fresh
+        conn.execute(runs.insert().values(
+            run_id="run-a", job_key="k", job_name="j", namespace="tests", collection="c", vectors_table="vectors",
+            model="m", revision="a", input_fingerprint="i", config_fingerprint="c", state="running",
+            heartbeat_at=sa.func.now()))
+        conn.execute(sa.text("INSERT INTO vectors (collection, record_id, chunk, model, revision, content_hash,"
+                             " embedding, text, char_start, char_end, job_key, batch_id, updated_at) VALUES"
+                             " ('c', 'r1', 0, 'm', 'a', 'h', '[1,0,0]', 't', 0, 1, 'k', 'b1', now() - interval '1h')"))
+    assert drop_retired(engine, table, "c", retain=0) == []
+    assert query(database_url, "SELECT count(*) FROM vectors") == [(1,)]
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE embedjob_runs SET state = 'succeeded'"))
+    assert drop_retired(engine, table, "c", retain=0) == [("m", "a")]
+    assert query(database_url, "SELECT count(*) FROM vectors") == [(0,)]
+    assert dict(query(database_url, "SELECT revision, state FROM embedjob_revisions")) == {"b": "ready"}
+    engine.dispose()

@@ -13,7 +13,9 @@ first the batch rows of their runs, so a later run of one re-embeds every record
 skipping batches whose vectors are going; then their vectors, a chunk per transaction (no long
 lock on a table being searched), each chunk only while the revision is still retired and only rows
 written before the drop began (a run of it started since writes rows that stay); the revision's
-row last. A drop cut short (a crash) is taken up again by the next switch.
+row last. A revision with a live run (a recent heartbeat) is not dropped, and a run that finds its
+revision retired or dropped by the time it succeeds does not make it ready. A drop cut short (a
+crash) is taken up again by the next switch.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from embedjob import db
+from embedjob.contract import HEARTBEAT_S
 
 from embedjob_worker.core.logs import log_event
 from embedjob_worker.sink.target import VectorsTable, quote_identifier
@@ -35,6 +38,8 @@ VIEW_SUFFIX = "_current"
 _MAX_IDENTIFIER = 63  # PostgreSQL's NAMEDATALEN - 1 (bytes)
 # Rows of a retired revision deleted per transaction.
 DROP_CHUNK_ROWS = 10_000
+# A run of a retired revision whose heartbeat is this recent may still write it: the drop waits for a later switch.
+LIVE_RUN_S = 10 * HEARTBEAT_S
 
 
 def current_view(table: VectorsTable) -> VectorsTable:
@@ -69,10 +74,16 @@ def make_ready(conn: sa.Connection, table: VectorsTable, collection: str, model:
                namespace: str, run_id: str) -> None:
     """In the caller's transaction: the revision becomes the collection's ready one and the one ready before is
     retired. The collection's rows are locked first: two switches at once (two jobs writing one collection) take
-    turns."""
+    turns. A revision that another run's switch retired (or a drop removed) while this run wrote it stays so: a
+    newer revision took over, and a dropped one's vectors may be partly gone."""
     r = db.revisions.c
     conn.execute(sa.select(r.state).where(r.vectors_table == str(table), r.collection == collection)
                  .with_for_update())
+    state = conn.execute(sa.select(r.state).where(_key(table, collection, model, revision))).scalar()
+    if state not in ("embedding", "ready"):
+        log_event(log, "revision_not_made_ready", logging.WARNING, table=str(table), collection=collection,
+                  model=model, revision=revision, state=state or "dropped")
+        return
     retired = conn.execute(db.revisions.update().where(
         r.vectors_table == str(table), r.collection == collection, r.state == "ready",
         sa.not_(sa.and_(r.model == model, r.revision == revision)),
@@ -144,7 +155,10 @@ def _drop(engine: sa.Engine, table: VectorsTable, collection: str, model: str, r
     key = _key(table, collection, model, revision)
     runs = db.runs.c
     with engine.begin() as conn:
-        if not _still_retired(conn, key):
+        if not _still_retired(conn, key) or conn.execute(sa.select(sa.exists().where(
+                runs.vectors_table == table.name, runs.collection == collection, runs.model == model,
+                runs.revision == revision, runs.state == "running",
+                runs.heartbeat_at > sa.func.now() - sa.text(f"interval '{LIVE_RUN_S} seconds'")))).scalar():
             return False
         began = conn.execute(sa.select(sa.func.now())).scalar_one()
         conn.execute(db.batches.delete().where(db.batches.c.run_id.in_(sa.select(runs.run_id).where(
