@@ -12,10 +12,12 @@ import sqlalchemy as sa
 from embedjob.vectors_schema import vectors_table
 from embedjob_cli.search import nearest
 from embedjob_worker.core.config import JobConfig
+from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.encode.model import load_model, resolve_model
 from embedjob_worker.run.job import DriverOptions, run_job
 from embedjob_worker.sink.target import VectorsTable
 from embedjob_worker.sink.vector_index import metric_for
+from embedjob_worker.sink.vectors_table import add_metadata_columns
 from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
 from support.sql import query
@@ -125,3 +127,36 @@ def test_a_table_sources_columns_are_kept_and_a_table_from_before_gets_the_metad
     assert metadata["2"]["lang"] == "en" and len(metadata) == 12
     vectors = np.array([json.loads(r[0]) for r in query(database_url, "SELECT embedding::text FROM embeddings")])
     assert vectors.shape == (12, 384)
+
+
+def test_a_table_from_before_is_refused_to_a_role_that_does_not_own_it_naming_the_statement_its_owner_runs(
+        database_url):
+    owner = sa.create_engine(database_url)
+    with owner.begin() as conn:
+        conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS vector"))
+        vectors_table("embeddings", 384).create(conn)
+        conn.execute(sa.text("ALTER TABLE embeddings DROP COLUMN metadata, DROP COLUMN metadata_hash"))
+        conn.execute(sa.text("CREATE ROLE metadata_writer LOGIN PASSWORD 'pw'"))
+        conn.execute(sa.text("GRANT SELECT, INSERT, UPDATE, DELETE ON embeddings TO metadata_writer"))
+    table = VectorsTable("public", "embeddings")
+    writer = sa.create_engine(sa.engine.make_url(database_url).set(username="metadata_writer", password="pw"))
+    try:
+        with pytest.raises(JobFailed) as refused:
+            add_metadata_columns(writer, table)
+    finally:
+        writer.dispose()
+        with owner.begin() as conn:
+            conn.execute(sa.text("DROP OWNED BY metadata_writer"))
+            conn.execute(sa.text("DROP ROLE metadata_writer"))
+    assert refused.value.reason == "VectorsTableOutdated"
+    message = str(refused.value)
+    assert "table public.embeddings has no metadata columns and role metadata_writer does not own it" in message
+    columns = "SELECT attname FROM pg_attribute WHERE attrelid = 'embeddings'::regclass AND NOT attisdropped"
+    assert not {"metadata", "metadata_hash"} & {r[0] for r in query(database_url, columns)}
+    # the statement it names is the owner's fix, as written
+    statement = message.split("runs `", 1)[1].split("`", 1)[0]
+    with owner.begin() as conn:
+        conn.execute(sa.text(statement))
+    assert {"metadata", "metadata_hash"} <= {r[0] for r in query(database_url, columns)}
+    assert add_metadata_columns(owner, table) is False  # nothing left to add
+    owner.dispose()
