@@ -18,6 +18,7 @@ from embedjob.db import engine_url, runs
 from .database import bounded_engine
 
 UNDEFINED_TABLE = "42P01"  # before the driver's first migration
+INSUFFICIENT_PRIVILEGE = "42501"
 
 
 class RunRow(RunCounters):
@@ -82,14 +83,19 @@ class RunReader:
 
     @staticmethod
     def _revisions(conn: sa.Connection, run: sa.RowMapping, namespace: str) -> dict[str, str | None]:
-        """The run's revision state and the collection's ready revision; none before migration 0015 or a run that
-        recorded one."""
+        """The run's revision state and the collection's ready revision; none before migration 0015, for a run that
+        recorded none, or for a role not granted embedjob_revisions."""
         if conn.execute(sa.text("SELECT to_regclass('embedjob_revisions')")).scalar() is None:
             return {}
-        rows = conn.execute(_REVISIONS, {
-            "collection": run["collection"], "length": len(run["vectors_table"]) + 1,
-            "suffix": f".{run['vectors_table']}", "model": run["model"], "revision": run["revision"],
-            "namespace": namespace}).all()
+        try:
+            rows = conn.execute(_REVISIONS, {
+                "collection": run["collection"], "length": len(run["vectors_table"]) + 1,
+                "suffix": f".{run['vectors_table']}", "model": run["model"], "revision": run["revision"],
+                "namespace": namespace}).all()
+        except sa.exc.ProgrammingError as exc:
+            if getattr(exc.orig, "sqlstate", None) != INSUFFICIENT_PRIVILEGE:
+                raise
+            return {}  # a role granted embedjob_runs only (docs/install.md before migration 0015): the counters still
         own = next((r.state for r in rows if (r.model, r.revision) == (run["model"], run["revision"])), None)
         ready = next((f"{r.model}@{r.revision}" for r in rows if r.state == "ready"), None)
         return {"revision_state": own, "ready_revision": ready}

@@ -25,15 +25,20 @@ def confine_rows(table: str, own_rows: str) -> None:
     op.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
     op.execute(f"CREATE POLICY embedjob_tenant_rows ON {table} USING (NOT {_CONFINED} OR {own_rows})"
                f" WITH CHECK (NOT {_CONFINED} OR ({own_rows}))")
+    copy_grants(table, "embedjob_seen_ids", "INSERT", "SELECT, INSERT, UPDATE, DELETE")
+
+
+def copy_grants(table: str, like: str, held: str, given: str) -> None:
+    """Every role (but the migrating one and PUBLIC) that holds `held` on the table `like` is given `given` on `table`."""
     op.execute(f"""
 DO $$
 DECLARE grantee_role text;
 BEGIN
   FOR grantee_role IN
     SELECT DISTINCT grantee FROM information_schema.role_table_grants
-    WHERE table_schema = current_schema() AND table_name = 'embedjob_seen_ids' AND privilege_type = 'INSERT'
+    WHERE table_schema = current_schema() AND table_name = '{like}' AND privilege_type = '{held}'
       AND grantee <> current_user AND grantee <> 'PUBLIC'
   LOOP
-    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO %I', grantee_role);
+    EXECUTE format('GRANT {given} ON {table} TO %I', grantee_role);
   END LOOP;
 END $$""")

@@ -106,7 +106,7 @@ def test_vectors_of_each_backend_and_precision_are_kept_apart(tmp_path, database
     quantized.write_text(yaml.safe_dump(merged(manifest(str(source)), {"spec": {"model": {
         "backend": "openvino", "precision": "int8"}}})))
     plain.write_text(yaml.safe_dump(manifest(str(source))))
-    base_revision = resolved().revision
+    base_revision, model_name = resolved().revision, resolved().name
 
     first = run([*EMBEDJOB, "run", str(quantized), "--database-url", database_url], env=cache_env, timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -130,10 +130,15 @@ def test_vectors_of_each_backend_and_precision_are_kept_apart(tmp_path, database
     # the gate measured the int8 run (and passed it at the default minCosine), not the float32 one
     assert runs == [(f"{base_revision}+openvino-int8", "succeeded", True), (base_revision, "succeeded", False)]
 
-    # search embeds the query with the manifest's backend and precision, and reads that revision's vectors
+    # search reads the collection's ready revision (the float32 run's, the last to complete) only; --incoming reads
+    # the manifest's, embedding the query with its backend and precision
     first_text = TEXTS[0]
-    found = run([*EMBEDJOB, "search", str(quantized), first_text, "-k", "1", "--database-url", database_url],
-                env=cache_env)
+    retired = run([*EMBEDJOB, "search", str(quantized), first_text, "--database-url", database_url], env=cache_env)
+    assert retired.returncode == 1, retired.stdout + retired.stderr
+    assert (f"the ready revision of collection 'cli' in table public.embeddings is {model_name}@{base_revision}, "
+            f"not this manifest's {model_name}@{base_revision}+openvino-int8 (retired)") in retired.stderr
+    found = run([*EMBEDJOB, "search", str(quantized), first_text, "-k", "1", "--incoming", "--database-url",
+                 database_url], env=cache_env)
     assert found.returncode == 0, found.stderr
     distance, record_id, _ = found.stdout.strip().splitlines()[1].split(maxsplit=2)
     assert record_id == json.loads(corpus_lines(0, 1)[0])["id"] and float(distance) < 0.01

@@ -254,13 +254,17 @@ def test_a_tenant_migrates_nothing_at_head_and_says_why_it_cannot_migrate(databa
     db.migrate(tenant_a.url)
 
 
-def test_a_role_granted_before_the_shards_table_came_may_use_it_after_the_upgrade(database_url, tenant_a, tenant_b):
+def test_roles_granted_before_the_shards_and_revisions_tables_came_may_use_them_after_the_upgrade(
+        database_url, tenant_a, tenant_b):
     cfg = Config()
     cfg.set_main_option("script_location", str(db.MIGRATIONS_DIR))
     owner = sa.create_engine(database_url)
     with owner.begin() as conn:  # the tenants were granted at 0013, before embedjob_run_shards
         cfg.attributes["connection"] = conn
         command.downgrade(cfg, "0013")
+    operator = create_role(database_url, "embedjob_operator")
+    with owner.begin() as conn:  # the operator's role as docs/install.md granted it then
+        conn.execute(sa.text(f"GRANT SELECT ON embedjob_runs TO {operator}"))
     owner.dispose()
     db.migrate(database_url)  # the owner upgrades; nobody runs `tenants grant` again
     a, b = tenant_a.engine(), tenant_b.engine()
@@ -268,9 +272,16 @@ def test_a_role_granted_before_the_shards_table_came_may_use_it_after_the_upgrad
     for engine, run in ((a, run_a), (b, run_b)):
         with engine.begin() as conn:
             conn.execute(db.runs.insert().values(**run))
-            conn.execute(db.run_shards.insert().values(**_rows_of_job(run, 0)[db.run_shards]))
+            for table in (db.run_shards, db.revisions):
+                conn.execute(table.insert().values(**_rows_of_job(run, 0)[table]))
     with a.connect() as conn:  # still confined to its own namespace's rows
         assert conn.execute(sa.select(db.run_shards.c.run_id)).scalars().all() == [run_a["run_id"]]
-    assert RLS_REFUSED in _refused(a, db.run_shards.insert().values(**_rows_of_job(run_b, 1)[db.run_shards]))
+        assert conn.execute(sa.select(db.revisions.c.namespace)).scalars().all() == ["team-a"]
+    for table in (db.run_shards, db.revisions):
+        assert RLS_REFUSED in _refused(a, table.insert().values(**_rows_of_job(run_b, 1)[table]))
     a.dispose()
     b.dispose()
+    reader = sa.create_engine(as_role(database_url, operator))
+    with reader.connect() as conn:  # the operator's role reads every namespace's revisions, as it reads the runs
+        assert sorted(conn.execute(sa.select(db.revisions.c.namespace)).scalars()) == ["team-a", "team-b"]
+    reader.dispose()

@@ -5,7 +5,8 @@ Revises: 0014
 
 Row-level security as migration 0005 gives the tables a driver writes (a confined role uses only the rows of its
 namespaces), and every role that may already write `embedjob_seen_ids` (a role `python -m embedjob.tenants grant`
-set up before this migration) gets the same privileges here, so an upgrade needs no new grant. No row is made for
+set up before this migration) gets the same privileges here, so an upgrade needs no new grant; a role that reads
+`embedjob_runs` (the operator's) may read this table too. No row is made for
 vectors written before: a collection without rows is read as before (`embedjob search` by the manifest's revision)
 until its next successful run makes its revision ready.
 """
@@ -13,7 +14,7 @@ until its next successful run makes its revision ready.
 import sqlalchemy as sa
 from alembic import op
 
-from embedjob.migrations.tenant_rows import confine_rows, own_namespace
+from embedjob.migrations.tenant_rows import confine_rows, copy_grants, own_namespace
 
 revision = "0015"
 down_revision = "0014"
@@ -39,6 +40,7 @@ def upgrade() -> None:
     op.create_index("embedjob_revisions_one_ready", TABLE, ["vectors_table", "collection"], unique=True,
                     postgresql_where=sa.text("state = 'ready'"))
     confine_rows(TABLE, own_namespace(f"{TABLE}.namespace"))
+    copy_grants(TABLE, "embedjob_runs", "SELECT", "SELECT")  # the operator's role reads the revisions, as the runs
 
 
 def downgrade() -> None:
