@@ -85,17 +85,17 @@ class RunReader:
     def _revisions(conn: sa.Connection, run: sa.RowMapping, namespace: str) -> dict[str, str | None]:
         """The run's revision state and the collection's ready revision; none before migration 0015, for a run that
         recorded none, or for a role not granted embedjob_revisions."""
-        if conn.execute(sa.text("SELECT to_regclass('embedjob_revisions')")).scalar() is None:
-            return {}
         try:
             rows = conn.execute(_REVISIONS, {
                 "collection": run["collection"], "length": len(run["vectors_table"]) + 1,
                 "suffix": f".{run['vectors_table']}", "model": run["model"], "revision": run["revision"],
                 "namespace": namespace}).all()
         except sa.exc.ProgrammingError as exc:
-            if getattr(exc.orig, "sqlstate", None) != INSUFFICIENT_PRIVILEGE:
+            # Before migration 0015, or a role granted embedjob_runs only (docs/install.md before it): the counters
+            # still show.
+            if getattr(exc.orig, "sqlstate", None) not in (UNDEFINED_TABLE, INSUFFICIENT_PRIVILEGE):
                 raise
-            return {}  # a role granted embedjob_runs only (docs/install.md before migration 0015): the counters still
+            return {}
         own = next((r.state for r in rows if (r.model, r.revision) == (run["model"], run["revision"])), None)
         ready = next((f"{r.model}@{r.revision}" for r in rows if r.state == "ready"), None)
         return {"revision_state": own, "ready_revision": ready}

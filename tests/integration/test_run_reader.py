@@ -6,9 +6,11 @@ import datetime as dt
 import uuid
 
 import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
 
 from controller.run_reader import RunReader
-from embedjob.db import migrate, revisions, runs
+from embedjob.db import MIGRATIONS_DIR, migrate, revisions, runs
 
 
 def _run_row(job_key: str, started_at: dt.datetime, **counters) -> dict:
@@ -104,3 +106,22 @@ def test_the_runs_revision_state_and_the_collections_ready_revision_come_from_em
     finally:
         reader.close()
         engine.dispose()
+
+
+def test_a_database_before_the_revisions_table_still_shows_the_counters(database_url):
+    migrate(database_url)
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0014")
+        conn.execute(runs.insert().values(**_run_row("uid-1", dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+                                                     batches_succeeded=7)))
+    engine.dispose()
+    reader = RunReader(database_url)
+    try:
+        run = reader.latest("uid-1", "team-a", "pep")
+        assert (run.batches_succeeded, run.revision_state, run.ready_revision) == (7, None, None)
+    finally:
+        reader.close()

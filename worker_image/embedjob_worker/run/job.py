@@ -88,7 +88,6 @@ class JobRun:
         self.summary = RunSummary(run_id=None, state="running", batching=str(config.spec.chosen_batching))
         self.engine = open_engine(database_url)
         self.target = SinkTarget.of_job(config)  # its schema once the database answers (run)
-        self.runs = JobRuns(self.engine, self.target, config.name, config.namespace)
 
     def run(self) -> RunSummary:
         with ExitStack() as cleanup:  # on the way out: the job's lock is released, then the engine goes
@@ -96,6 +95,7 @@ class JobRun:
             try:
                 migrate(self.database_url)
                 self.target = retry_database(lambda: self.target.in_schema_of(self.engine), "vectors_schema")
+                self.runs = JobRuns(self.engine, self.target, self.config.name, self.config.namespace)
                 self.sink = PostgresSink(self.engine, self.target)
                 self.lock = JobLock.take(self.engine, self.config.job_key, self.options.job_lock_wait_s)
                 cleanup.callback(self.lock.release)

@@ -53,9 +53,14 @@ def current_view(table: VectorsTable) -> VectorsTable:
     return VectorsTable(table.schema, name)
 
 
+def _of_collection(table: VectorsTable, collection: str):
+    r = db.revisions.c
+    return sa.and_(r.vectors_table == str(table), r.collection == collection)
+
+
 def _key(table: VectorsTable, collection: str, model: str, revision: str):
     r = db.revisions.c
-    return sa.and_(r.vectors_table == str(table), r.collection == collection, r.model == model, r.revision == revision)
+    return sa.and_(_of_collection(table, collection), r.model == model, r.revision == revision)
 
 
 def mark_embedding(conn: sa.Connection, table: VectorsTable, collection: str, model: str, revision: str,
@@ -77,32 +82,28 @@ def make_ready(conn: sa.Connection, table: VectorsTable, collection: str, model:
     turns. A revision that another run's switch retired (or a drop removed) while this run wrote it stays so: a
     newer revision took over, and a dropped one's vectors may be partly gone."""
     r = db.revisions.c
-    conn.execute(sa.select(r.state).where(r.vectors_table == str(table), r.collection == collection)
-                 .with_for_update())
-    state = conn.execute(sa.select(r.state).where(_key(table, collection, model, revision))).scalar()
+    states = {(m, rev): state for m, rev, state in conn.execute(
+        sa.select(r.model, r.revision, r.state).where(_of_collection(table, collection)).with_for_update())}
+    state = states.get((model, revision))  # the run's start made the row (mark_embedding)
     if state not in ("embedding", "ready"):
         log_event(log, "revision_not_made_ready", logging.WARNING, table=str(table), collection=collection,
                   model=model, revision=revision, state=state or "dropped")
         return
     retired = conn.execute(db.revisions.update().where(
-        r.vectors_table == str(table), r.collection == collection, r.state == "ready",
+        _of_collection(table, collection), r.state == "ready",
         sa.not_(sa.and_(r.model == model, r.revision == revision)),
     ).values(state="retired", run_id=run_id, changed_at=sa.func.now()).returning(r.model, r.revision)).all()
-    insert = postgresql.insert(db.revisions).values(
-        vectors_table=str(table), collection=collection, model=model, revision=revision, state="ready",
-        namespace=namespace, run_id=run_id)
-    conn.execute(insert.on_conflict_do_update(
-        index_elements=[c.name for c in db.revisions.primary_key],
-        set_={"state": "ready", "namespace": namespace, "run_id": run_id, "changed_at": sa.func.now()}))
+    conn.execute(db.revisions.update().where(_key(table, collection, model, revision)).values(
+        state="ready", namespace=namespace, run_id=run_id, changed_at=sa.func.now()))
     log_event(log, "revision_ready", table=str(table), collection=collection, model=model, revision=revision,
-              retired=",".join(f"{m}@{r}" for m, r in retired) or None)
+              retired=",".join(f"{m}@{rev}" for m, rev in retired) or None)
 
 
 def ready_revision(conn: sa.Connection, table: VectorsTable, collection: str) -> tuple[str, str] | None:
     """The collection's ready (model, revision), None when none is."""
     r = db.revisions.c
-    row = conn.execute(sa.select(r.model, r.revision).where(
-        r.vectors_table == str(table), r.collection == collection, r.state == "ready")).first()
+    row = conn.execute(sa.select(r.model, r.revision).where(_of_collection(table, collection),
+                                                            r.state == "ready")).first()
     return tuple(row) if row else None
 
 
@@ -139,7 +140,7 @@ def drop_retired(engine: sa.Engine, table: VectorsTable, collection: str, retain
     r = db.revisions.c
     with engine.connect() as conn:
         retired = conn.execute(sa.select(r.model, r.revision).where(
-            r.vectors_table == str(table), r.collection == collection, r.state == "retired",
+            _of_collection(table, collection), r.state == "retired",
         ).order_by(r.changed_at.desc(), r.model, r.revision).offset(retain)).all()
     dropped = [(model, revision) for model, revision in retired if _drop(engine, table, collection, model, revision)]
     for model, revision in dropped:

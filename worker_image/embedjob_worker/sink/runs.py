@@ -195,8 +195,8 @@ class JobRuns:
                                          "reason": reason, "error": error and mask_secrets(error),
                                          "finished_at": sa.func.now()})
             if state == "succeeded" and row.batches_failed == 0:
-                make_ready(conn, self._vectors(), self.target.collection, run.model, run.revision,
-                                     self.namespace, run.run_id)
+                make_ready(conn, self._vectors(), self.target.collection, run.model, run.revision, self.namespace,
+                           run.run_id)
         return dict(row._mapping)
 
 
