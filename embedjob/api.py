@@ -25,7 +25,7 @@ from .api_pod_volumes import RESERVED_ENV_PREFIX
 from .api_pods import HEAD_CONTAINER, WORKER_CONTAINER, Head, PodDefaults
 from .api_model import HALF_PRECISIONS, Model, ModelBackend, ModelPrecision, ModelPrompt
 from .api_batching import Batching, ChosenBatching, choose_batching
-from .api_sections import MAX_METADATA_BYTES, ApiModel, Chunking, Retry, Source, Sync, Workers
+from .api_sections import FULL_SCAN_NEEDS_CHANGES, MAX_METADATA_BYTES, ApiModel, Chunking, Retry, Source, Sync, Workers
 from .api_sink import HNSW_DEFAULT_EF_CONSTRUCTION, HNSW_DEFAULT_M, IndexType, Sink, VectorIndex
 from .api_table import NULL_OPS, SOURCE_IDENTIFIER, SourceTable, TableFilter
 
@@ -139,6 +139,7 @@ class EmbeddingJobSpec(ApiModel):
                 cel(*CHUNK_WITHIN_MODEL, ".chunking.maxTokens"),
                 cel(*OVERLAP_WITHIN_MODEL, ".chunking.overlapTokens"),
                 cel(*METADATA_INDEX_NEEDS_FIELDS, ".sink.index.metadata"),
+                cel(*FULL_SCAN_NEEDS_CHANGES, ".sync.fullScanEvery"),
             ]
         }
     )
@@ -207,6 +208,14 @@ class EmbeddingJobSpec(ApiModel):
     def _metadata_index_has_metadata(self) -> "EmbeddingJobSpec":
         if self.sink.index is not None and self.sink.index.metadata and not self.source.metadata_fields:
             raise ValueError(METADATA_INDEX_NEEDS_FIELDS[1])
+        return self
+
+    @model_validator(mode="after")
+    def _full_scans_of_a_change_window(self) -> "EmbeddingJobSpec":
+        table = self.source.table
+        if self.sync.full_scan_every is not None and (table is None or table.change_column is None
+                                                      or not self.sync.delete_missing):
+            raise ValueError(FULL_SCAN_NEEDS_CHANGES[1])
         return self
 
     @model_validator(mode="after")

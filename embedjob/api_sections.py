@@ -239,6 +239,15 @@ class Retry(ApiModel):
         return max(self.failed_batches_tolerated, math.floor(batches * percent / 100))
 
 
+# (CEL rule on the spec, message); EmbeddingJobSpec's validator checks the same in Python.
+FULL_SCAN_NEEDS_CHANGES = (
+    "!has(self.sync) || !has(self.sync.fullScanEvery) || (has(self.sync.deleteMissing) && self.sync.deleteMissing "
+    "&& has(self.source.table) && has(self.source.table.changeColumn))",
+    "sync.fullScanEvery spaces the full reads of a table read by its changes: it needs sync.deleteMissing and "
+    "source.table.changeColumn",
+)
+
+
 class Sync(ApiModel):
     """Keeping the vectors in step with the source across re-runs (docs/table-source.md)."""
 
@@ -246,6 +255,11 @@ class Sync(ApiModel):
         False,
         description="At the end of a successful run, delete the vectors (this collection, model and revision) "
         "of ids the source no longer holds: rows deleted or outside the filter, records gone from the file.",
+    )
+    full_scan_every: int | None = Field(
+        None, ge=1, le=10_000, strict=True,
+        description="With deleteMissing and source.table.changeColumn: every this many runs, one reads every row "
+        "(the others only the rows changed, and delete nothing). Unset: 1, every run reads every row.",
     )
 
 

@@ -77,8 +77,15 @@ class TableFilter(ApiModel):
         return self
 
 
+SKEW_NEEDS_CHANGE_COLUMN = ("!has(self.changeSkewSeconds) || has(self.changeColumn)",
+                            "changeSkewSeconds moves changeColumn's watermark back: set changeColumn too")
+
+
 class SourceTable(ApiModel):
-    """A PostgreSQL table or view to embed, read in id order with a server-side cursor (never loaded whole)."""
+    """A PostgreSQL table or view to embed, read in id order in keyset pages (never loaded whole)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        cel(*SKEW_NEEDS_CHANGE_COLUMN, ".changeSkewSeconds")]})
 
     table_schema: str = Field("public", alias="schema", pattern=SOURCE_IDENTIFIER, max_length=63,
                               description=f"Schema of the table or view ({_IDENTIFIER_TEXT}).")
@@ -95,5 +102,20 @@ class SourceTable(ApiModel):
         description="Conditions a row must meet to be embedded (all of them, AND); at most 16. Rows outside "
         "the filter count as missing for sync.deleteMissing.",
     )
+    change_column: str | None = Field(
+        None, pattern=SOURCE_IDENTIFIER, max_length=63,
+        description="A timestamp with time zone column set to the database's clock on every insert and update "
+        "(now(), clock_timestamp(), a trigger): a re-run reads only rows at or past the last run's watermark, "
+        "and rows where it is NULL (docs/table-source.md). Unset: every run reads every row.",
+    )
+    change_skew_seconds: int = Field(
+        60, ge=0, le=86_400, strict=True,
+        description="Seconds the watermark is moved back, for a change column written from the clock of another "
+        "machine than the database's (0-86400; default 60). With changeColumn.",
+    )
 
-
+    @model_validator(mode="after")
+    def _skew_of_a_change_column(self) -> "SourceTable":
+        if "change_skew_seconds" in self.model_fields_set and self.change_column is None:
+            raise ValueError(SKEW_NEEDS_CHANGE_COLUMN[1])
+        return self

@@ -64,6 +64,9 @@ runs = sa.Table(
     sa.Column("precision_cosine_mean", sa.Float),  # migration 0012
     sa.Column("precision_cosine_min", sa.Float),
     sa.Column("prompt", sa.Text),  # migration 0013: the document prompt used, and why (status.progress.prompt)
+    # A table run read by its change column (migration 0016; core.change_window.ChangeWindow.record): the column,
+    # the watermark the read started from (none: every row), and the one it leaves for the next run.
+    sa.Column("change_window", postgresql.JSONB),
     sa.Column("reason", sa.String(64)),  # CamelCase, e.g. TooManyFailedBatches; set when failed
     sa.Column("error", sa.Text),
     # The driver session that owns the run (migration 0010): set by each start or resume; a group

@@ -205,6 +205,8 @@ def _print_summary(summary) -> None:
             f"retries            {summary.retries} ({summary.oom_splits} out-of-memory splits)",
             f"elapsed            {summary.elapsed_seconds:.1f}s (run {summary.run_id})",
         ]
+    if summary.change_window is not None:
+        lines.append(f"rows read          {summary.change_window.described()}")
     if c is not None and c.precision_cosine_mean is not None:
         lines.append(f"precision check    cosine to float32: mean {c.precision_cosine_mean:.4f}, least "
                      f"{c.precision_cosine_min:.4f} (spec.model.minCosine)")

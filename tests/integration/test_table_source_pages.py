@@ -58,7 +58,7 @@ def test_a_connection_lost_between_pages_is_opened_again_and_the_read_goes_on(da
     """A failover or restart drops every connection: the read resumes after the last id it read whole."""
     expected = docs(database_url, 4500)
     got = []
-    with caplog.at_level(logging.WARNING, logger="embedjob_worker.source.table"):
+    with caplog.at_level(logging.WARNING, logger="embedjob_worker.source.table_session"):
         for record in read_table_records(database_url, source()):
             got.append((record.id, record.text))
             if record.position in (1000, 3000):

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from embedjob.db import LOCK_TIMEOUT_S
-from embedjob_worker.source import table as table_source
+from embedjob_worker.source import table_session
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.run.job import run_job
 from support.corpus import corpus_lines
@@ -49,7 +49,7 @@ def test_a_source_table_locked_by_another_session_ends_the_run_within_the_lock_t
     # The session's real bound is LOCK_TIMEOUT_S (tests/unit/test_table_source_spec.py checks it);
     # the same wait, a twelfth as long, so that the tier does not sit out a minute.
     lock_timeout_s = LOCK_TIMEOUT_S // 12
-    monkeypatch.setattr(table_source, "LOCK_TIMEOUT_S", lock_timeout_s)
+    monkeypatch.setattr(table_session, "LOCK_TIMEOUT_S", lock_timeout_s)
     create_docs(database_url, 40)
     migration = sa.create_engine(database_url)
     locking = migration.connect()

@@ -5,9 +5,9 @@ import pytest
 
 from embedjob.api import SourceTable, SpecError, TableFilter, parse_spec
 from embedjob_worker.source.table import (
-    UnsafeTableSpec, check_table, last_group_start, session_bounds, sorts_equal_ids_together, table_queries,
-    table_snapshot,
+    UnsafeTableSpec, check_table, last_group_start, sorts_equal_ids_together, table_queries, table_snapshot,
 )
+from embedjob_worker.source.table_session import session_bounds
 
 HOSTILE_IDENTIFIERS = ['docs"; DROP TABLE embeddings; --', "docs; select 1", "x" * 64, "1docs", "a b", "dócs",
                        "docs\x00", "", 'a"b']

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from embedjob.api import RunCounters
 
+from embedjob_worker.core.change_window import ChangeWindow
 from embedjob_worker.core.logs import log_event
 from embedjob_worker.core.worker_reports import PrecisionCheck, WorkerInfo
 from embedjob_worker.core.outcome import (ADDED_COUNTERS, KEPT_ON_RESUME, BatchOutcome, CounterUpdate, DoneBatch, chunks,
@@ -225,6 +226,7 @@ class RunSummary:
     writers: dict[str, int] = field(default_factory=dict)  # batches each writer actor (host/pid) committed
     index: IndexBuild | None = None  # the vector index after the load (spec.sink.index), built or found
     metadata_index: IndexBuild | None = None  # the metadata's GIN index (spec.sink.index.metadata), built or found
+    change_window: ChangeWindow | None = None  # a table read by its change column: which rows, the watermark left
 
     def latency_percentile(self, q: float) -> float:
         if not self.batch_latencies:

@@ -11,6 +11,7 @@ import psycopg
 from embedjob.api import EmbeddingJobSpec
 
 from embedjob_worker.plan.batching import Batch, TokenBudget, make_batches
+from embedjob_worker.core.change_window import ChangeWindow
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.metrics import DriverMetrics
 from embedjob_worker.core.logs import log_event
@@ -46,6 +47,7 @@ class FeedPlan:
     # spec.chunking: each record cut into chunks, and batches hold whole records' chunks
     chunker: Callable[[list[str]], list[tuple[Span, ...]]] | None = None
     files: tuple[InputSnapshot, ...] = ()  # a dataset's files as the run listed them (dataset.DatasetSnapshot)
+    window: ChangeWindow | None = None  # a table read by its change column: the rows it reads, its watermark
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ def batches_to_embed(plan: FeedPlan, skips: FeedSkips, tally: RunTally, metrics:
         if plan.files:
             yield from feed.dataset_batches(on_shard_read)
         else:
-            yield from feed.batches(source_records(plan.spec.source, plan.uri, plan.source_database_url))
+            yield from feed.batches(source_records(plan.spec.source, plan.uri, plan.source_database_url, plan.window))
     except (OSError, ValueError, KeyError, psycopg.Error) as exc:
         raise JobFailed("SourceUnreadable", f"reading {plan.uri}: {type(exc).__name__}: {exc}") from None
     feed.hand_over_bad()

@@ -55,6 +55,8 @@ def finish_run(runs: JobRuns, run: RunSession, failure: JobFailed | None, tally:
     built = summary.index
     update = tally.driver_update()
     update.set["index_build_seconds"] = round(built.seconds, 3) if built and built.built else None
+    if summary.change_window is not None:  # with the watermark its read took: the next run may read from it
+        update.set["change_window"] = summary.change_window.record()
     state = "failed" if failure else "succeeded"
     summary.state = state
     summary.batches_skipped = tally.batches_skipped

@@ -124,7 +124,11 @@ class JobRun:
             if self.target.metadata:
                 retry_database(lambda: add_metadata_columns(self.engine, self.target.vectors), "metadata_columns")
             failure = self._embed(started) or self.lock.failure()  # a driver that lost its lock deletes nothing
-            if failure is None and self.spec.sync.delete_missing:
+            window = self.summary.change_window = started.window
+            if window is not None and window.read_from is not None:  # only a run that read every id knows which went
+                log_event(log, "delete_missing_not_this_run", window_runs=window.window_runs,
+                          full_scan_every=self.spec.sync.full_scan_every or 1)
+            elif failure is None and self.spec.sync.delete_missing:
                 self.tally.deleted(retry_database(lambda: delete_missing(
                     self.engine, self.target.vectors, self.spec.sink.collection, run), "delete_missing"))
             return failure or build_index(self.engine, self.spec, self.target.vectors, self.summary)
@@ -158,7 +162,7 @@ class JobRun:
                                       resolved.revision, self.target.salt, self.target.metadata)
                 batches = batches_to_embed(
                     FeedPlan(spec, started.uri, started.key, self.source_database_url, started.budget,
-                             started.chunker, started.files),
+                             started.chunker, started.files, started.window),
                     FeedSkips(self._id_registry(run), done_before,
                               IncrementalFeed(stored, run_batches, self.tally, run).to_embed,
                               shards_read(self.engine, run.run_id) if start.resumed and started.files else {}),

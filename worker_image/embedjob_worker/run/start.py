@@ -9,6 +9,7 @@ import sqlalchemy as sa
 
 from embedjob import db
 
+from embedjob_worker.core.change_window import ChangeWindow, window_for
 from embedjob_worker.core.config import JobConfig, config_fingerprint, run_identity
 from embedjob_worker.core.errors import JobFailed, Unreachable
 from embedjob_worker.core.logs import log_event
@@ -39,6 +40,7 @@ class StartedRun:
     budget: TokenBudget | None  # spec.batching.maxTokens, or its default (spec.chosen_batching)
     chunker: Chunker | None  # spec.chunking
     files: tuple[InputSnapshot, ...]  # a dataset's files as listed at the start (empty: one file, or a table)
+    window: ChangeWindow | None = None  # a table read by its change column (core.change_window)
 
 
 def migrate(database_url: str) -> None:
@@ -70,7 +72,12 @@ def start_run(config: JobConfig, runs: JobRuns, new_run: bool) -> StartedRun:
     start = runs.start(RunRequest(resolved.name, resolved.revision, snapshot.fingerprint, config_fp, identity,
                                   snapshot.record(), described_prompt(resolved)), new_run, config.how_to_start_anew)
     files = snapshot.files if isinstance(snapshot, DatasetSnapshot) else ()
-    return StartedRun(start, resolved, uri, batch_key(snapshot.fingerprint, config_fp), budget, chunker, files)
+    window = window_for(spec.source.table, spec.sync, (snapshot.fingerprint, config_fp), start.revision_state,
+                        start.previous, start.resumed)
+    if window is not None:
+        runs.record_window(start.run, window)
+    return StartedRun(start, resolved, uri, batch_key(snapshot.fingerprint, config_fp), budget, chunker, files,
+                      window)
 
 
 def _resolve_inputs(config: JobConfig) -> tuple[ResolvedModel, str, InputSnapshot | DatasetSnapshot]:

@@ -64,8 +64,11 @@ def _key(table: VectorsTable, collection: str, model: str, revision: str):
 
 
 def mark_embedding(conn: sa.Connection, table: VectorsTable, collection: str, model: str, revision: str,
-                   namespace: str, run_id: str) -> None:
-    """A run of the revision starts: `embedding`, unless it is the ready one (it stays what searches read)."""
+                   namespace: str, run_id: str) -> str | None:
+    """A run of the revision starts: `embedding`, unless it is the ready one (it stays what searches read); the
+    state it had before (None: no row)."""
+    before = conn.execute(sa.select(db.revisions.c.state).where(_key(table, collection, model, revision))
+                          .with_for_update()).scalar()
     insert = postgresql.insert(db.revisions).values(
         vectors_table=str(table), collection=collection, model=model, revision=revision, state="embedding",
         namespace=namespace, run_id=run_id)
@@ -73,6 +76,7 @@ def mark_embedding(conn: sa.Connection, table: VectorsTable, collection: str, mo
         index_elements=[c.name for c in db.revisions.primary_key],
         set_={"state": "embedding", "namespace": namespace, "run_id": run_id, "changed_at": sa.func.now()},
         where=db.revisions.c.state == "retired"))
+    return before
 
 
 def make_ready(conn: sa.Connection, table: VectorsTable, collection: str, model: str, revision: str,

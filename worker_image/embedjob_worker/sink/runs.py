@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from embedjob import db
 
+from embedjob_worker.core.change_window import ChangeWindow, PreviousRun
 from embedjob_worker.core.config import identity_changes
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.logs import mask_secrets
@@ -68,6 +69,10 @@ class RunStart:
     records_new: int = 0
     records_changed: int = 0
     chunks_embedded: int = 0
+    # The job's latest run that got to start before this session (a resumed run: itself), and the state the run's
+    # revision had before it started (None: no row): what its change window is decided by (core.change_window).
+    previous: PreviousRun | None = None
+    revision_state: str | None = None
 
 
 def latest_started_run(job_key: str, *columns: sa.ColumnElement) -> sa.Select:
@@ -121,8 +126,11 @@ class JobRuns:
         session = str(uuid.uuid4())
         refused = None
         with self.engine.begin() as conn:  # the driver holds the job's lock (job_lock.JobLock) around this
-            latest = conn.execute(latest_started_run(self.target.job_key, runs.c.run_id, runs.c.input_fingerprint,
-                                                     runs.c.config_fingerprint, runs.c.identity, runs.c.input)).first()
+            latest = conn.execute(latest_started_run(
+                self.target.job_key, runs.c.run_id, runs.c.input_fingerprint, runs.c.config_fingerprint,
+                runs.c.identity, runs.c.input, runs.c.state, runs.c.batches_failed, runs.c.change_window)).first()
+            previous = latest and PreviousRun(latest.state, latest.batches_failed, latest.input_fingerprint,
+                                              latest.config_fingerprint, latest.change_window)
             if latest is not None and not new_run:
                 if (latest.input_fingerprint, latest.config_fingerprint) == (request.input_fingerprint,
                                                                             request.config_fingerprint):
@@ -132,24 +140,30 @@ class JobRuns:
                         state="running", reason=None, error=None, finished_at=None, heartbeat_at=sa.func.now(),
                         driver_session=session, **_SESSION_START_COUNTERS,
                     ).returning(*(runs.c[name] for name in KEPT_ON_RESUME))).one()
-                    self._mark_embedding(conn, request, latest.run_id)
+                    state = self._mark_embedding(conn, request, latest.run_id)
                     return RunStart(RunSession(latest.run_id, session, request.model, request.revision), True,
-                                    **resumed._asdict())
+                                    **resumed._asdict(), previous=previous, revision_state=state)
                 refused = _refusal(latest, request, how_to_start_anew)
             run_id = self._insert_run(conn, request, session, refused and "InputChanged", refused)
             if not refused:
-                self._mark_embedding(conn, request, run_id)
+                state = self._mark_embedding(conn, request, run_id)
         if refused:
             raise JobFailed("InputChanged", refused)
-        return RunStart(RunSession(run_id, session, request.model, request.revision), resumed=False)
+        return RunStart(RunSession(run_id, session, request.model, request.revision), resumed=False,
+                        previous=previous, revision_state=state)
 
     def _vectors(self) -> VectorsTable:
         self.target = self.target.in_schema_of(self.engine)  # looked up once
         return self.target.vectors
 
-    def _mark_embedding(self, conn: sa.Connection, request: RunRequest, run_id: str) -> None:
-        mark_embedding(conn, self._vectors(), self.target.collection, request.model, request.revision,
+    def _mark_embedding(self, conn: sa.Connection, request: RunRequest, run_id: str) -> str | None:
+        return mark_embedding(conn, self._vectors(), self.target.collection, request.model, request.revision,
                        self.namespace, run_id)
+
+    def record_window(self, run: RunSession, window: ChangeWindow) -> None:
+        """The change window a run reads as it starts: a resumed session reads the same rows."""
+        with self.engine.begin() as conn:
+            update_run(conn, run, {"change_window": window.record()})
 
     def refuse_start(self, model: str, failure: JobFailed) -> None:
         """A run that could not start (no model, no input): a failed run row that says why."""

@@ -27,6 +27,7 @@ from fsspec.utils import infer_compression
 
 from embedjob.api import Source
 
+from embedjob_worker.core.change_window import ChangeWindow
 from embedjob_worker.core.records import MAX_RECORD_BYTES, BadReason, RawRecord
 from embedjob_worker.source.csv_records import SkippedCsvRecord, csv_records
 from embedjob_worker.source.record_fields import RecordFields, TextOf, columns_for
@@ -105,13 +106,14 @@ def resolve_uri(uri: str, base_dir: Path | None) -> str:
     return str((base_dir / uri).resolve()) + ("/" if uri.endswith("/") else "")
 
 
-def source_records(source: Source, uri: str, database_url: str | None) -> Iterator[RawRecord]:
-    """The records of spec.source: its one file at `uri`, or its table (read from `database_url`); a dataset's
-    are read by dataset_reader."""
+def source_records(source: Source, uri: str, database_url: str | None,
+                   window: ChangeWindow | None = None) -> Iterator[RawRecord]:
+    """The records of spec.source: its one file at `uri`, or its table (read from `database_url`, the rows of its
+    change `window`); a dataset's are read by dataset_reader."""
     if source.table is not None:
         from embedjob_worker.source.table import read_table_records  # psycopg: only table sources need it
 
-        return read_table_records(database_url, source.table, source.template, source.metadata_fields or ())
+        return read_table_records(database_url, source.table, source.template, source.metadata_fields or (), window)
     return read_records(uri, source.format, source.id_field, source.text_of, metadata=source.metadata_fields or ())
 
 

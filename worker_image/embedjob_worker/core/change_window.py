@@ -1,0 +1,132 @@
+"""A table run's change window (spec.source.table.changeColumn): which rows it reads and the watermark it leaves.
+
+A run of a table with a change column reads only the rows whose column is at or past the watermark the job's
+previous run left, and the rows where it is NULL: a window read. `window_for` decides, from what the run row
+records, when that is safe; otherwise the run reads every row (a full read) and says why:
+
+- the job's latest run that got to start must have succeeded with no failed batch, over the same table and
+  filter (input fingerprint) and settings (config fingerprint: the model, its revision, ...), and have left a
+  watermark of the same column: after a failed batch, a crash, another model or a held watermark (below), the
+  rows since the last good watermark are not all known to have vectors;
+- the revision must have been `ready` or `embedding` when the run started: a retired revision's vectors may have
+  been dropped in part (sink.revisions), and the rows of a dropped one are gone;
+- with sync.deleteMissing, every fullScanEvery-th run is a full read: only a run that read every id can tell
+  which are gone;
+- a resumed run reads from where its first session was to read (the window it recorded at its start).
+
+The watermark a read leaves is taken before its first page (source.change_watermark): the database's clock,
+then the start of the oldest transaction then open in the database, the earlier of the two, less
+changeSkewSeconds. Why no committed change is missed (docs/table-source.md has the whole argument): a row
+version the read did not see was committed by a transaction still open when the pages were read, so either
+open when the clock was read (it started before it, and the oldest open transaction's start bounds its
+clock) or begun after (its clock is later): either way its now() or clock_timestamp() is at or past the
+watermark. A role that cannot see every session's transaction (no pg_read_all_stats) or a standby (whose
+primary's transactions it cannot see) holds the watermark where the read started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from embedjob.api import SourceTable, Sync
+
+# The revision states whose vectors are whole: a window read adds only the changes to them.
+WHOLE_REVISION_STATES = ("ready", "embedding")
+
+
+@dataclass(frozen=True)
+class PreviousRun:
+    """The job's latest run that got to start, as its row records it (the window of the next run reads it)."""
+
+    state: str
+    batches_failed: int
+    input_fingerprint: str
+    config_fingerprint: str
+    change_window: dict[str, Any] | None
+
+
+@dataclass
+class ChangeWindow:
+    """The rows a table run reads (`read_from`: at or past it, or NULL; None: every row) and, once its read has
+    started, the watermark it leaves for the next run (None: the next run reads every row)."""
+
+    column: str
+    read_from: datetime | None
+    window_runs: int  # window reads since the last full read, this one included (0: this is a full read)
+    skew_s: int
+    why_full: str | None = None  # why this run reads every row
+    watermark: datetime | None = None
+    held: str | None = None  # why the watermark stays where the read started
+
+    def record(self) -> dict[str, Any]:
+        """What the run row keeps (embedjob_runs.change_window)."""
+        said = {"column": self.column, "readFrom": _iso(self.read_from), "windowRuns": self.window_runs}
+        if self.why_full:
+            said["whyFull"] = self.why_full
+        if self.watermark is not None or self.held:
+            said["watermark"] = _iso(self.watermark)
+        if self.held:
+            said["held"] = self.held
+        return said
+
+    def described(self) -> str:
+        """`changed since 2026-12-05 17:00:00+00:00 (watermark left: ...)` or `every row (why) ...`, for the summary."""
+        read = (f"changed since {self.read_from} (or {self.column} NULL)" if self.read_from is not None
+                else f"every row ({self.why_full})")
+        left = (f"watermark held ({self.held})" if self.held else
+                f"watermark left {self.watermark}" if self.watermark is not None else "no watermark left")
+        return f"{read}; {left}"
+
+    def hold(self, why: str) -> None:
+        """The read cannot prove a later watermark: the next run reads from where this one did."""
+        self.watermark, self.held = self.read_from, why
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def _moment(recorded: Any) -> datetime | None:
+    return datetime.fromisoformat(recorded) if isinstance(recorded, str) else None
+
+
+def window_for(table: SourceTable | None, sync: Sync, fingerprints: tuple[str, str], revision_state: str | None,
+               previous: PreviousRun | None, resumed: bool) -> ChangeWindow | None:
+    """The change window of a run of `table` (None: the table has no change column, or the source is no table).
+    `fingerprints` are the run's input and config fingerprints, `revision_state` the state its revision had when
+    it started (None: no row), `previous` the job's latest run that got to start before it (for a resumed run:
+    the run itself), whose recorded window a resumed run keeps."""
+    if table is None or table.change_column is None:
+        return None
+    column = table.change_column
+
+    def full(why: str) -> ChangeWindow:
+        return ChangeWindow(column, None, 0, table.change_skew_seconds, why_full=why)
+
+    recorded = previous.change_window if previous is not None else None
+    if not recorded or recorded.get("column") != column:
+        return full("no earlier run read this table by this change column")
+    if revision_state not in WHOLE_REVISION_STATES:
+        return full(f"the revision was {revision_state or 'not recorded'} when the run started: its vectors may "
+                    "not all be there")
+    if resumed:
+        start = _moment(recorded.get("readFrom"))
+        return ChangeWindow(column, start, int(recorded.get("windowRuns") or 0) if start else 0,
+                            table.change_skew_seconds, why_full=None if start else recorded.get("whyFull"))
+    assert previous is not None
+    if (previous.input_fingerprint, previous.config_fingerprint) != fingerprints:
+        return full("the job's previous run read another table, filter or settings")
+    if previous.state != "succeeded" or previous.batches_failed:
+        return full(f"the job's previous run {previous.state}"
+                    f"{f' with {previous.batches_failed} failed batches' if previous.batches_failed else ''}")
+    watermark = _moment(recorded.get("watermark"))
+    if watermark is None:
+        return full("the job's previous run left no watermark"
+                    f"{': ' + recorded['held'] if recorded.get('held') else ''}")
+    window_runs = int(recorded.get("windowRuns") or 0) + 1
+    if sync.delete_missing and window_runs >= (sync.full_scan_every or 1):
+        return full(f"sync.deleteMissing reads every id every {sync.full_scan_every or 1} runs "
+                    "(sync.fullScanEvery)")
+    return ChangeWindow(column, watermark, window_runs, table.change_skew_seconds)

@@ -1,0 +1,75 @@
+"""The watermark a table read leaves for the next run (core.change_window), taken before its first page.
+
+Two statements, in this order, before any page is read: the database's clock (T), then which transactions are
+open in the database (pg_stat_activity, a snapshot taken after T) and when the oldest began (X). The watermark
+is min(T, X) less changeSkewSeconds. A transaction that commits a row after the pages' snapshots either was
+open at the second statement (so began at or after X) or began after it (so after T): its now() and
+clock_timestamp() are at or past the watermark. The change column must be a timestamp with time zone: a
+timestamp without one holds each writer's local time, which no watermark compares safely.
+
+The proof needs every open transaction to be seen: a role without pg_read_all_stats sees other roles' sessions
+without their transaction's start, and a standby does not see its primary's transactions. Then the watermark
+is held where this read started (ChangeWindow.hold), and the log says how to let it advance.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from psycopg import sql
+
+from embedjob.api import SourceTable
+
+from embedjob_worker.core.change_window import ChangeWindow
+from embedjob_worker.core.logs import log_event
+from embedjob_worker.source.table_session import SourceSession
+
+WATERMARK_TYPE = "timestamp with time zone"
+_COLUMN_TYPE_SQL = sql.SQL("""
+SELECT format_type(a.atttypid, NULL)
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relname = %s AND a.attname = %s AND a.attnum > 0 AND NOT a.attisdropped
+""")
+_CLOCK_SQL = sql.SQL("SELECT clock_timestamp(), pg_is_in_recovery()")
+# Sessions of other roles that this role may not look into show nothing but their database and role: no
+# transaction start and not even their backend type (which every session shows to a role that may see it).
+_OPEN_TRANSACTIONS_SQL = sql.SQL("""
+SELECT min(xact_start),
+       (array_agg(pid ORDER BY xact_start) FILTER (WHERE xact_start IS NOT NULL))[1],
+       count(*) FILTER (WHERE backend_type IS NULL)
+FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+""")
+log = logging.getLogger("embedjob_worker.source.change_watermark")
+
+
+class ChangeColumnRefused(ValueError):
+    """A change column the watermark cannot be kept on; names the field and the column."""
+
+
+def take_watermark(session: SourceSession, table: SourceTable, window: ChangeWindow) -> None:
+    """Check the change column and set `window`'s watermark (or hold it) before the read's first page."""
+    column = window.column
+    found = session.rows(_COLUMN_TYPE_SQL, [table.table_schema, table.name, column])
+    if not found:
+        raise ChangeColumnRefused(f"spec.source.table.changeColumn: {table.table_schema}.{table.name} has no "
+                                  f"column {column!r}")
+    if found[0][0] != WATERMARK_TYPE:
+        raise ChangeColumnRefused(
+            f"spec.source.table.changeColumn: {column} is {found[0][0]}, not {WATERMARK_TYPE}: a change column "
+            "must hold the moment each row was written, comparable across sessions (a timestamp without time "
+            f"zone holds each writer's local time): ALTER TABLE ... ALTER COLUMN {column} TYPE timestamptz")
+    (clock, standby), = session.rows(_CLOCK_SQL, [])
+    (oldest, oldest_pid, hidden), = session.rows(_OPEN_TRANSACTIONS_SQL, [])
+    if standby:
+        window.hold("the source is a standby, which does not see its primary's open transactions: read the "
+                    "primary (spec.source.databaseSecretRef) so that the watermark can advance")
+    elif hidden:
+        window.hold(f"the source role cannot see the transactions of {hidden} other sessions (pg_stat_activity): "
+                    "GRANT pg_read_all_stats TO it so that the watermark can advance")
+    else:
+        window.watermark = min(clock, oldest or clock) - timedelta(seconds=window.skew_s)
+    log_event(log, "change_window", logging.WARNING if window.held else logging.INFO, column=column,
+              read_from=window.read_from and window.read_from.isoformat(), why_full=window.why_full,
+              watermark=window.watermark and window.watermark.isoformat(), held=window.held,
+              oldest_transaction_pid=oldest_pid if oldest is not None and oldest < clock else None)
