@@ -71,9 +71,14 @@ def test_a_rerun_reads_only_the_rows_changed_and_a_late_commit_with_an_old_stamp
     stored = dict(query(database_url, "SELECT record_id, text FROM embeddings WHERE record_id IN ('5', '1000')"))
     assert stored["1000"] == "a paragraph written late" and stored["5"].endswith(" (edited)"), stored
 
-    third = run_job(job, database_url)  # nothing changed since the second run's read
+    # Another EmbeddingJob over the same table into the same vectors (in a cluster every sync is one) reads on
+    # from the second run's watermark: nothing changed since.
+    next_sync = changes_manifest("changes")
+    next_sync["metadata"]["name"] = "changes-next-sync"
+    third = run_job(JobConfig.from_manifest(next_sync), database_url)
     assert third.state == "succeeded", third.error
     assert (third.counters.records_total, third.counters.records_embedded) == (0, 0), third.counters
+    assert window_of(database_url, third.run_id)["readFrom"] == window_of(database_url, second.run_id)["watermark"]
     assert query(database_url, "SELECT count(*) FROM embeddings")[0][0] == 121
 
 

@@ -1,13 +1,15 @@
 """A table run's change window (spec.source.table.changeColumn): which rows it reads and the watermark it leaves.
 
-A run of a table with a change column reads only the rows whose column is at or past the watermark the job's
+A run of a table with a change column reads only the rows whose column is at or past the watermark the
 previous run left, and the rows where it is NULL: a window read. `window_for` decides, from what the run row
 records, when that is safe; otherwise the run reads every row (a full read) and says why:
 
-- the job's latest run that got to start must have succeeded with no failed batch, over the same table and
-  filter (input fingerprint) and settings (config fingerprint: the model, its revision, ...), and have left a
-  watermark of the same column: after a failed batch, a crash, another model or a held watermark (below), the
-  rows since the last good watermark are not all known to have vectors;
+- the latest run that got to start writing the same vectors (this namespace, vectors table, collection, model and
+  revision; of any job: in a cluster each sync is an EmbeddingJob of its own) must have succeeded with no failed
+  batch, over the same table and filter (input fingerprint) and settings (config fingerprint), and have left a
+  watermark of the same column: after a failed batch, a crash, another filter (whose deleteMissing may have
+  deleted vectors of these rows) or a held watermark (below), the rows since the last good watermark are not all
+  known to have vectors;
 - the revision must have been `ready` or `embedding` when the run started: a retired revision's vectors may have
   been dropped in part (sink.revisions), and the rows of a dropped one are gone;
 - with sync.deleteMissing, every fullScanEvery-th run is a full read: only a run that read every id can tell
@@ -38,7 +40,7 @@ WHOLE_REVISION_STATES = ("ready", "embedding")
 
 @dataclass(frozen=True)
 class PreviousRun:
-    """The job's latest run that got to start, as its row records it (the window of the next run reads it)."""
+    """A run that got to start, as its row records it (the next run's window reads it)."""
 
     state: str
     batches_failed: int
@@ -96,8 +98,8 @@ def window_for(table: SourceTable | None, sync: Sync, fingerprints: tuple[str, s
                previous: PreviousRun | None, resumed: bool) -> ChangeWindow | None:
     """The change window of a run of `table` (None: the table has no change column, or the source is no table).
     `fingerprints` are the run's input and config fingerprints, `revision_state` the state its revision had when
-    it started (None: no row), `previous` the job's latest run that got to start before it (for a resumed run:
-    the run itself), whose recorded window a resumed run keeps."""
+    it started (None: no row), `previous` the latest run that got to start writing the same vectors before it
+    (for a resumed run: the run itself, whose recorded window it keeps)."""
     if table is None or table.change_column is None:
         return None
     column = table.change_column
@@ -117,13 +119,13 @@ def window_for(table: SourceTable | None, sync: Sync, fingerprints: tuple[str, s
                             table.change_skew_seconds, why_full=None if start else recorded.get("whyFull"))
     assert previous is not None
     if (previous.input_fingerprint, previous.config_fingerprint) != fingerprints:
-        return full("the job's previous run read another table, filter or settings")
+        return full("the latest run that wrote these vectors read another table, filter or settings")
     if previous.state != "succeeded" or previous.batches_failed:
-        return full(f"the job's previous run {previous.state}"
+        return full(f"the latest run that wrote these vectors {previous.state}"
                     f"{f' with {previous.batches_failed} failed batches' if previous.batches_failed else ''}")
     watermark = _moment(recorded.get("watermark"))
     if watermark is None:
-        return full("the job's previous run left no watermark"
+        return full("the latest run that wrote these vectors left no watermark"
                     f"{': ' + recorded['held'] if recorded.get('held') else ''}")
     window_runs = int(recorded.get("windowRuns") or 0) + 1
     if sync.delete_missing and window_runs >= (sync.full_scan_every or 1):

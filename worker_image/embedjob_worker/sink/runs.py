@@ -69,8 +69,9 @@ class RunStart:
     records_new: int = 0
     records_changed: int = 0
     chunks_embedded: int = 0
-    # The job's latest run that got to start before this session (a resumed run: itself), and the state the run's
-    # revision had before it started (None: no row): what its change window is decided by (core.change_window).
+    # The latest run that got to start writing the same vectors before this one (JobRuns._latest_writer; a resumed
+    # run: itself), and the state the run's revision had before it started (None: no row): what its change window
+    # is decided by (core.change_window).
     previous: PreviousRun | None = None
     revision_state: str | None = None
 
@@ -129,8 +130,6 @@ class JobRuns:
             latest = conn.execute(latest_started_run(
                 self.target.job_key, runs.c.run_id, runs.c.input_fingerprint, runs.c.config_fingerprint,
                 runs.c.identity, runs.c.input, runs.c.state, runs.c.batches_failed, runs.c.change_window)).first()
-            previous = latest and PreviousRun(latest.state, latest.batches_failed, latest.input_fingerprint,
-                                              latest.config_fingerprint, latest.change_window)
             if latest is not None and not new_run:
                 if (latest.input_fingerprint, latest.config_fingerprint) == (request.input_fingerprint,
                                                                             request.config_fingerprint):
@@ -141,9 +140,12 @@ class JobRuns:
                         driver_session=session, **_SESSION_START_COUNTERS,
                     ).returning(*(runs.c[name] for name in KEPT_ON_RESUME))).one()
                     state = self._mark_embedding(conn, request, latest.run_id)
+                    itself = PreviousRun(latest.state, latest.batches_failed, latest.input_fingerprint,
+                                         latest.config_fingerprint, latest.change_window)
                     return RunStart(RunSession(latest.run_id, session, request.model, request.revision), True,
-                                    **resumed._asdict(), previous=previous, revision_state=state)
+                                    **resumed._asdict(), previous=itself, revision_state=state)
                 refused = _refusal(latest, request, how_to_start_anew)
+            previous = self._latest_writer(conn, request)  # of any job: the same vectors, until this run's start
             run_id = self._insert_run(conn, request, session, refused and "InputChanged", refused)
             if not refused:
                 state = self._mark_embedding(conn, request, run_id)
@@ -151,6 +153,19 @@ class JobRuns:
             raise JobFailed("InputChanged", refused)
         return RunStart(RunSession(run_id, session, request.model, request.revision), resumed=False,
                         previous=previous, revision_state=state)
+
+    def _latest_writer(self, conn: sa.Connection, request: RunRequest) -> PreviousRun | None:
+        """The latest run that got to start writing this collection's vectors of the request's model and revision
+        in this namespace, whatever its job: a change window (core.change_window) reads on from its watermark only
+        when it read the same table, filter and settings, and no other run wrote (or deleted) those vectors since."""
+        r = db.runs.c
+        row = conn.execute(
+            sa.select(r.state, r.batches_failed, r.input_fingerprint, r.config_fingerprint, r.change_window)
+            .where(r.namespace == self.namespace, r.vectors_table == self.target.table,
+                   r.collection == self.target.collection, r.model == request.model, r.revision == request.revision)
+            .where(sa.or_(r.reason.is_(None), r.reason.not_in(REFUSED_START_REASONS)))
+            .order_by(r.started_at.desc()).limit(1)).first()
+        return row and PreviousRun(*row)
 
     def _vectors(self) -> VectorsTable:
         self.target = self.target.in_schema_of(self.engine)  # looked up once
