@@ -77,6 +77,7 @@ class TableFilter(ApiModel):
         return self
 
 
+DEFAULT_CHANGE_SKEW_SECONDS = 60
 SKEW_NEEDS_CHANGE_COLUMN = ("!has(self.changeSkewSeconds) || has(self.changeColumn)",
                             "changeSkewSeconds moves changeColumn's watermark back: set changeColumn too")
 
@@ -108,14 +109,19 @@ class SourceTable(ApiModel):
         "(now(), clock_timestamp(), a trigger): a re-run reads only rows at or past the last run's watermark, "
         "and rows where it is NULL (docs/table-source.md). Unset: every run reads every row.",
     )
-    change_skew_seconds: int = Field(
-        60, ge=0, le=86_400, strict=True,
+    change_skew_seconds: int | None = Field(
+        None, ge=0, le=86_400, strict=True,
         description="Seconds the watermark is moved back, for a change column written from the clock of another "
-        "machine than the database's (0-86400; default 60). With changeColumn.",
+        f"machine than the database's (0-86400). Unset: {DEFAULT_CHANGE_SKEW_SECONDS}. With changeColumn.",
     )
+
+    @property
+    def skew_seconds(self) -> int:
+        """changeSkewSeconds, or its default (unset in the CRD, where a default would count as set for its rule)."""
+        return DEFAULT_CHANGE_SKEW_SECONDS if self.change_skew_seconds is None else self.change_skew_seconds
 
     @model_validator(mode="after")
     def _skew_of_a_change_column(self) -> "SourceTable":
-        if "change_skew_seconds" in self.model_fields_set and self.change_column is None:
+        if self.change_skew_seconds is not None and self.change_column is None:
             raise ValueError(SKEW_NEEDS_CHANGE_COLUMN[1])
         return self

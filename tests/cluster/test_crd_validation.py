@@ -86,6 +86,18 @@ MALFORMED = [
      "spec.source.textTemplate"),
     ("table-without-text", {"source": {"uri": None, "table": {"name": "docs", "idColumn": "id"}}},
      "spec.source.textTemplate"),
+    ("change-column-injection", {"source": {"uri": None, "table": {**TABLE, "changeColumn": "at; DROP TABLE x"}}},
+     "spec.source.table.changeColumn"),
+    ("change-skew-without-column", {"source": {"uri": None, "table": {**TABLE, "changeSkewSeconds": 5}}},
+     "spec.source.table.changeSkewSeconds"),
+    ("change-skew-over-a-day", {"source": {"uri": None, "table": {**TABLE, "changeColumn": "at",
+                                                                  "changeSkewSeconds": 86_401}}},
+     "spec.source.table.changeSkewSeconds"),
+    ("full-scans-without-change-column", {"source": {"uri": None, "table": TABLE},
+                                          "sync": {"deleteMissing": True, "fullScanEvery": 3}},
+     "spec.sync.fullScanEvery"),
+    ("full-scans-without-delete-missing", {"source": {"uri": None, "table": {**TABLE, "changeColumn": "at"}},
+                                           "sync": {"fullScanEvery": 3}}, "spec.sync.fullScanEvery"),
 ]
 
 
@@ -127,6 +139,10 @@ def test_valid_variants_are_accepted(kube, namespace):
             **TABLE, "schema": "Sales_2026", "filter": [{"column": "lang", "op": "in", "values": ["en", "de"]},
                                                         {"column": "deleted_at", "op": "isNull"}]}},
                        "sync": {"deleteMissing": True}},
+        "table-changes": {"source": {"uri": None, "table": {**TABLE, "changeColumn": "updated_at"}}},
+        "table-changes-full-scans": {"source": {"uri": None, "table": {**TABLE, "changeColumn": "updated_at",
+                                                                       "changeSkewSeconds": 0}},
+                                     "sync": {"deleteMissing": True, "fullScanEvery": 24}},
     }
     for name, spec in variants.items():
         kube.kubectl("apply", "-n", namespace, "-f", "-", input=ej_manifest(name, **spec))

@@ -105,7 +105,7 @@ def window_for(table: SourceTable | None, sync: Sync, fingerprints: tuple[str, s
     column = table.change_column
 
     def full(why: str) -> ChangeWindow:
-        return ChangeWindow(column, None, 0, table.change_skew_seconds, why_full=why)
+        return ChangeWindow(column, None, 0, table.skew_seconds, why_full=why)
 
     recorded = previous.change_window if previous is not None else None
     if not recorded or recorded.get("column") != column:
@@ -116,7 +116,7 @@ def window_for(table: SourceTable | None, sync: Sync, fingerprints: tuple[str, s
     if resumed:
         start = _moment(recorded.get("readFrom"))
         return ChangeWindow(column, start, int(recorded.get("windowRuns") or 0) if start else 0,
-                            table.change_skew_seconds, why_full=None if start else recorded.get("whyFull"))
+                            table.skew_seconds, why_full=None if start else recorded.get("whyFull"))
     assert previous is not None
     if (previous.input_fingerprint, previous.config_fingerprint) != fingerprints:
         return full("the latest run that wrote these vectors read another table, filter or settings")
@@ -131,4 +131,4 @@ def window_for(table: SourceTable | None, sync: Sync, fingerprints: tuple[str, s
     if sync.delete_missing and window_runs >= (sync.full_scan_every or 1):
         return full(f"sync.deleteMissing reads every id every {sync.full_scan_every or 1} runs "
                     "(sync.fullScanEvery)")
-    return ChangeWindow(column, watermark, window_runs, table.change_skew_seconds)
+    return ChangeWindow(column, watermark, window_runs, table.skew_seconds)
