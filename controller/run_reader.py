@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from pydantic import ConfigDict
 
 from embedjob.api import RunCounters
+from embedjob.change_window_record import described
 from embedjob.db import engine_url, runs
 
 from .database import bounded_engine
@@ -39,11 +40,15 @@ class RunRow(RunCounters):
     # and the collection's ready model@revision.
     revision_state: str | None = None
     ready_revision: str | None = None
+    # A table run's change window (migration 0016), as change_window_record.described reads it.
+    rows_read: str | None = None
 
 
-_FROM_REVISIONS = ("revision_state", "ready_revision")
+_NOT_COLUMNS = ("revision_state", "ready_revision", "rows_read")
 # The columns of a RunRow, by field name (a field without a column fails here, at import).
-_RUN_COLUMNS = [runs.c[name] for name in RunRow.model_fields if name not in _FROM_REVISIONS]
+_RUN_COLUMNS = [runs.c[name] for name in RunRow.model_fields if name not in _NOT_COLUMNS]
+_HAS_CHANGE_WINDOW = sa.text("SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'embedjob_runs'::regclass "
+                             "AND attname = 'change_window' AND NOT attisdropped)")
 # The run's revision and the collection's ready one. embedjob_revisions names the table with its schema, the run row
 # without: of same-named tables in several schemas, the rows last changed by the job's namespace come first.
 _REVISIONS = sa.text(
@@ -60,20 +65,24 @@ class RunReader:
     def __init__(self, url: str, pool_size: int = 2):
         self._url = engine_url(url)
         self._engine = bounded_engine(url, pool_size, read_only=True)
+        self._has_change_window = False  # asked again until a driver's migration 0016 adds the column
 
     def latest(self, uid: str, namespace: str, name: str) -> RunRow | None:
         """The newest run of the job, None before the driver started one. A row counts only where its
         job_key, namespace and job_name are the job's: a row written under another namespace's
         database role (docs/install.md) can never drive this job's status."""
-        query = (sa.select(*_RUN_COLUMNS)
-                 .where(runs.c.job_key == uid, runs.c.namespace == namespace, runs.c.job_name == name)
-                 .order_by(runs.c.started_at.desc()).limit(1))
         try:
             with self._engine.connect() as conn:
-                row = conn.execute(query).mappings().first()
+                self._has_change_window = self._has_change_window or conn.execute(_HAS_CHANGE_WINDOW).scalar_one()
+                window = [runs.c.change_window] if self._has_change_window else []
+                row = conn.execute(sa.select(*_RUN_COLUMNS, *window).where(
+                    runs.c.job_key == uid, runs.c.namespace == namespace, runs.c.job_name == name,
+                ).order_by(runs.c.started_at.desc()).limit(1)).mappings().first()
                 if row is None:
                     return None
-                return RunRow.model_validate({**row, **self._revisions(conn, row, namespace)})
+                values = dict(row)
+                values["rows_read"] = described(values.pop("change_window", None))
+                return RunRow.model_validate({**values, **self._revisions(conn, row, namespace)})
         except sa.exc.DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) == UNDEFINED_TABLE:
                 return None

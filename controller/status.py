@@ -89,7 +89,7 @@ def progress_of(run: RunRow) -> dict[str, Any]:
     counters["texts_per_second"] = round(run.texts_per_second, 1)
     return _wire(Progress(**counters, summary=_summary(run), prompt=run.prompt, revision_state=run.revision_state,
                           revision=f"{run.model}@{run.revision}" if run.model else None,
-                          ready_revision=run.ready_revision))
+                          ready_revision=run.ready_revision, rows_read=run.rows_read))
 
 
 def failure(rayjob_status: dict[str, Any], run: RunRow | None) -> tuple[str, str]:

@@ -56,6 +56,9 @@ class Progress(RunCounters):
                                        "read) or retired (docs/revisions.md).")
     ready_revision: str | None = Field(None, max_length=400, description="The collection's ready revision "
                                        "(model@revision): what searches read while another is incoming.")
+    rows_read: str | None = Field(None, max_length=2048, description="For a table read by its change column "
+                                  "(source.table.changeColumn): which rows the run read (changed since a watermark, "
+                                  "or every row and why) and the watermark it left (docs/table-source.md).")
 
 
 class EmbeddingJobStatus(ApiModel):

@@ -122,6 +122,30 @@ def test_a_database_before_the_revisions_table_still_shows_the_counters(database
     reader = RunReader(database_url)
     try:
         run = reader.latest("uid-1", "team-a", "pep")
-        assert (run.batches_succeeded, run.revision_state, run.ready_revision) == (7, None, None)
+        assert (run.batches_succeeded, run.revision_state, run.ready_revision, run.rows_read) == (7, None, None, None)
+    finally:
+        reader.close()
+
+
+def test_a_table_runs_change_window_shows_which_rows_it_read_and_the_watermark_it_left(database_url):
+    migrate(database_url)
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    window = {"column": "updated_at", "readFrom": "2026-01-01T09:00:00+00:00", "windowRuns": 1,
+              "watermark": "2026-01-01T10:00:00+00:00"}
+    full = {"column": "updated_at", "readFrom": None, "windowRuns": 0, "whyFull": "no earlier run read this table",
+            "watermark": None, "held": "the source is a standby"}
+    engine = sa.create_engine(database_url)
+    with engine.begin() as conn:
+        conn.execute(runs.insert().values(**_run_row("uid-1", t0, change_window=window)))
+        conn.execute(runs.insert().values(**_run_row("uid-2", t0, change_window=full)))
+        conn.execute(runs.insert().values(**_run_row("uid-3", t0)))
+    engine.dispose()
+    reader = RunReader(database_url)
+    try:
+        assert reader.latest("uid-1", "team-a", "pep").rows_read == (
+            "changed since 2026-01-01T09:00:00+00:00 (or updated_at NULL); watermark left 2026-01-01T10:00:00+00:00")
+        assert reader.latest("uid-2", "team-a", "pep").rows_read == (
+            "every row (no earlier run read this table); watermark held (the source is a standby)")
+        assert reader.latest("uid-3", "team-a", "pep").rows_read is None  # a file's run, or no change column
     finally:
         reader.close()

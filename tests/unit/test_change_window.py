@@ -128,12 +128,15 @@ def test_the_record_and_the_summary_say_what_was_read_and_what_is_left():
     window.watermark = WATERMARK + timedelta(hours=1)
     assert window.record() == {"column": "updated_at", "readFrom": WATERMARK.isoformat(), "windowRuns": 2,
                                "watermark": (WATERMARK + timedelta(hours=1)).isoformat()}
-    assert window.described().startswith("changed since 2026-12-05 17:00:00+00:00 (or updated_at NULL)")
+    assert window.described() == ("changed since 2026-12-05T17:00:00+00:00 (or updated_at NULL); watermark left "
+                                  "2026-12-05T18:00:00+00:00")
     window.hold("a standby")
     assert window.record()["watermark"] == WATERMARK.isoformat() and window.record()["held"] == "a standby"
     full = ChangeWindow("updated_at", None, 0, 60, why_full="first")
+    assert full.described() == "every row (first); no watermark yet"  # as the run starts
     full.hold("hidden sessions")
-    assert full.record()["watermark"] is None and "every row (first)" in full.described()
+    assert full.record()["watermark"] is None
+    assert full.described() == "every row (first); watermark held (hidden sessions)"
 
 
 def test_the_window_is_a_bound_parameter_and_the_column_a_quoted_identifier():

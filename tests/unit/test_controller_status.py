@@ -120,6 +120,13 @@ def test_progress_names_the_runs_revision_its_state_and_the_collections_ready_on
     assert not {"revision", "revisionState", "readyRevision"} & status.progress_of(run()).keys()
 
 
+def test_progress_says_which_rows_a_table_run_read_by_its_change_column():
+    windowed = run().model_copy(update={"rows_read": "changed since 2026-01-01T09:00:00+00:00 (or updated_at NULL); "
+                                                     "watermark left 2026-01-01T10:00:00+00:00"})
+    assert status.progress_of(windowed)["rowsRead"].startswith("changed since 2026-01-01T09:00:00+00:00")
+    assert "rowsRead" not in status.progress_of(run())  # a file's run, or a table without a change column
+
+
 def test_lifecycle_to_complete():
     pending = status.desired_status({}, observe(T0, verdict=ACCEPTED, rj=rayjob()))
     assert pending["state"] == "Pending" and pending["reason"] == "Initializing"

@@ -33,6 +33,7 @@ from datetime import datetime
 from typing import Any
 
 from embedjob.api import SourceTable, Sync
+from embedjob.change_window_record import described
 
 # The revision states whose vectors are whole: a window read adds only the changes to them.
 WHOLE_REVISION_STATES = ("ready", "embedding")
@@ -63,7 +64,7 @@ class ChangeWindow:
     held: str | None = None  # why the watermark stays where the read started
 
     def record(self) -> dict[str, Any]:
-        """What the run row keeps (embedjob_runs.change_window)."""
+        """What the run row keeps (embedjob_runs.change_window; its keys: embedjob.change_window_record)."""
         said = {"column": self.column, "readFrom": _iso(self.read_from), "windowRuns": self.window_runs}
         if self.why_full:
             said["whyFull"] = self.why_full
@@ -74,12 +75,8 @@ class ChangeWindow:
         return said
 
     def described(self) -> str:
-        """`changed since 2026-12-05 17:00:00+00:00 (watermark left: ...)` or `every row (why) ...`, for the summary."""
-        read = (f"changed since {self.read_from} (or {self.column} NULL)" if self.read_from is not None
-                else f"every row ({self.why_full})")
-        left = (f"watermark held ({self.held})" if self.held else
-                f"watermark left {self.watermark}" if self.watermark is not None else "no watermark left")
-        return f"{read}; {left}"
+        """What the run reads and leaves, for the summary (change_window_record.described)."""
+        return described(self.record()) or ""
 
     def hold(self, why: str) -> None:
         """The read cannot prove a later watermark: the next run reads from where this one did."""

@@ -1,0 +1,28 @@
+"""What `embedjob_runs.change_window` holds (the driver writes it, the operator shows it), and how it reads.
+
+A table run read by spec.source.table.changeColumn records its window (embedjob_worker.core.change_window): the
+column, `readFrom` (the watermark it read from; null: every row), `windowRuns` (window reads since the last full
+read), `whyFull` (why it read every row), and, once its read started, `watermark` (what the next run may read
+from; null: every row) and `held` (why the watermark could not advance).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def described(recorded: dict[str, Any] | None) -> str | None:
+    """`changed since <readFrom> (or <column> NULL); watermark left <watermark>`, or `every row (<why>); ...`;
+    None for a run without a change window."""
+    if not recorded:
+        return None
+    column = recorded.get("column")
+    read = (f"changed since {recorded['readFrom']} (or {column} NULL)" if recorded.get("readFrom")
+            else f"every row ({recorded.get('whyFull') or 'a full read'})")
+    if recorded.get("held"):
+        left = f"watermark held ({recorded['held']})"
+    elif recorded.get("watermark"):
+        left = f"watermark left {recorded['watermark']}"
+    else:
+        left = "no watermark yet" if "watermark" not in recorded else "no watermark left"
+    return f"{read}; {left}"
