@@ -104,7 +104,8 @@ def test_delete_missing_reads_every_id_every_full_scan_every_runs():
     assert decide(second, sync=sync).window_runs == 2
     third = decide(previous(window={**after_full.change_window, "windowRuns": 2}), sync=sync)
     assert third.read_from is None and "every 3 runs" in third.why_full
-    assert decide(after_full, sync=Sync(delete_missing=True)).read_from is None  # unset: every run reads every id
+    every_run = decide(after_full, sync=Sync(delete_missing=True))  # unset: every run reads every id
+    assert every_run.read_from is None and "without sync.fullScanEvery reads every id in every run" in every_run.why_full
 
 
 def test_a_resumed_run_reads_the_rows_its_first_session_was_to_read():

@@ -126,6 +126,7 @@ def window_for(table: SourceTable | None, sync: Sync, fingerprints: tuple[str, s
                     f"{': ' + recorded['held'] if recorded.get('held') else ''}")
     window_runs = int(recorded.get("windowRuns") or 0) + 1
     if sync.delete_missing and window_runs >= (sync.full_scan_every or 1):
-        return full(f"sync.deleteMissing reads every id every {sync.full_scan_every or 1} runs "
-                    "(sync.fullScanEvery)")
+        return full(f"sync.deleteMissing reads every id every {sync.full_scan_every} runs (sync.fullScanEvery)"
+                    if sync.full_scan_every else "sync.deleteMissing without sync.fullScanEvery reads every id in "
+                    "every run")
     return ChangeWindow(column, watermark, window_runs, table.skew_seconds)

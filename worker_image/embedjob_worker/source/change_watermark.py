@@ -26,10 +26,13 @@ from embedjob_worker.core.logs import log_event
 from embedjob_worker.source.table_session import SourceSession
 
 WATERMARK_TYPE = "timestamp with time zone"
+# Whether the table or view exists, and its change column's type (NULL: no such column).
 _COLUMN_TYPE_SQL = sql.SQL("""
-SELECT format_type(a.atttypid, NULL)
-FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = %s AND c.relname = %s AND a.attname = %s AND a.attnum > 0 AND NOT a.attisdropped
+SELECT c.oid IS NOT NULL, format_type(a.atttypid, NULL)
+FROM (SELECT 1) one
+LEFT JOIN pg_namespace n ON n.nspname = %s
+LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = %s
+LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = %s AND a.attnum > 0 AND NOT a.attisdropped
 """)
 _CLOCK_SQL = sql.SQL("SELECT clock_timestamp(), pg_is_in_recovery()")
 # Sessions of other roles that this role may not look into show nothing but their database and role: no
@@ -50,13 +53,15 @@ class ChangeColumnRefused(ValueError):
 def take_watermark(session: SourceSession, table: SourceTable, window: ChangeWindow) -> None:
     """Check the change column and set `window`'s watermark (or hold it) before the read's first page."""
     column = window.column
-    found = session.rows(_COLUMN_TYPE_SQL, [table.table_schema, table.name, column])
-    if not found:
+    (table_found, column_type), = session.rows(_COLUMN_TYPE_SQL, [table.table_schema, table.name, column])
+    if not table_found:
+        raise ValueError(f"spec.source.table: there is no table or view {table.table_schema}.{table.name}")
+    if column_type is None:
         raise ChangeColumnRefused(f"spec.source.table.changeColumn: {table.table_schema}.{table.name} has no "
                                   f"column {column!r}")
-    if found[0][0] != WATERMARK_TYPE:
+    if column_type != WATERMARK_TYPE:
         raise ChangeColumnRefused(
-            f"spec.source.table.changeColumn: {column} is {found[0][0]}, not {WATERMARK_TYPE}: a change column "
+            f"spec.source.table.changeColumn: {column} is {column_type}, not {WATERMARK_TYPE}: a change column "
             "must hold the moment each row was written, comparable across sessions (a timestamp without time "
             f"zone holds each writer's local time): ALTER TABLE ... ALTER COLUMN {column} TYPE timestamptz")
     (clock, standby), = session.rows(_CLOCK_SQL, [])
