@@ -104,6 +104,7 @@ class JobRun:
                 return refused(self.summary, failure)
             run, resolved = started.start.run, started.resolved
             self.summary.run_id, self.summary.prompt = run.run_id, described_prompt(resolved)
+            self.summary.change_window = started.window  # finish_run records it, with the watermark its read took
             log_event(log, "run_started", job=self.config.job_key, run=run.run_id, resumed=started.start.resumed,
                       model=resolved.name, revision=resolved.revision, source=started.uri,
                       batching=self.summary.batching, prompt=self.summary.prompt, dimensions=resolved.dimensions)
@@ -124,13 +125,14 @@ class JobRun:
             if self.target.metadata:
                 retry_database(lambda: add_metadata_columns(self.engine, self.target.vectors), "metadata_columns")
             failure = self._embed(started) or self.lock.failure()  # a driver that lost its lock deletes nothing
-            window = self.summary.change_window = started.window
-            if window is not None and window.read_from is not None:  # only a run that read every id knows which went
-                log_event(log, "delete_missing_not_this_run", window_runs=window.window_runs,
-                          full_scan_every=self.spec.sync.full_scan_every or 1)
-            elif failure is None and self.spec.sync.delete_missing:
-                self.tally.deleted(retry_database(lambda: delete_missing(
-                    self.engine, self.target.vectors, self.spec.sink.collection, run), "delete_missing"))
+            window = started.window
+            if failure is None and self.spec.sync.delete_missing:
+                if window is not None and window.read_from is not None:  # only a run that read every id knows
+                    log_event(log, "delete_missing_not_this_run", window_runs=window.window_runs,
+                              full_scan_every=self.spec.sync.full_scan_every or 1)
+                else:
+                    self.tally.deleted(retry_database(lambda: delete_missing(
+                        self.engine, self.target.vectors, self.spec.sink.collection, run), "delete_missing"))
             return failure or build_index(self.engine, self.spec, self.target.vectors, self.summary)
         except Unreachable:
             raise
