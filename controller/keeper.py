@@ -106,8 +106,7 @@ class StatusKeeper:
             self._written[uid] = stored
             for change in changes:
                 self._emit(job, change)
-            if stored.get("state"):
-                self._ctx.job_states.set(uid, stored["state"])
+            self._ctx.job_states.observe(uid, job, stored)
             if status.is_final(stored) and not status.is_final(current):
                 self._ctx.pool_released(job["spec"])
 

@@ -4,8 +4,8 @@ The operator's own template (image, resources, the database env) is the base; th
 operator's defaults (settings) are merged over it, then the job's own settings:
 - maps (labels, nodeSelector, affinity, securityContext, ...) merge key by key, the later
   value winning;
-- containers, volumes, env and imagePullSecrets merge by name, volumeMounts by mountPath
-  (the core/v1 patch merge keys);
+- containers, volumes, env and imagePullSecrets merge by name, volumeMounts by mountPath, ports by
+  containerPort (the core/v1 patch merge keys);
 - tolerations and envFrom are appended (an entry already there is not repeated);
 - resources are replaced as a whole (a request merged under another limit could exceed it);
 - any other list is replaced.
@@ -21,7 +21,7 @@ from typing import Any
 from embedjob.api import ApiModel
 
 MERGE_KEYS = {"containers": "name", "volumes": "name", "env": "name", "imagePullSecrets": "name",
-              "volumeMounts": "mountPath"}
+              "volumeMounts": "mountPath", "ports": "containerPort"}
 APPENDED = frozenset({"tolerations", "envFrom"})
 REPLACED = frozenset({"resources"})
 

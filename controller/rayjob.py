@@ -16,7 +16,8 @@ from typing import Any
 
 from embedjob import api
 from embedjob.api import HEAD_CONTAINER, WORKER_CONTAINER
-from embedjob.contract import DRIVER_ENV, driver_command
+from embedjob.contract import (DRIVER_ENV, DRIVER_ENV_VALUES, DRIVER_METRICS_PORT, DRIVER_METRICS_PORT_NAME,
+                               driver_command)
 
 from .acceptance import database_secrets
 from .pod_templates import pod_template, submitter_template
@@ -94,11 +95,11 @@ def _worker_resources(workers: api.Workers, layout: WorkerLayout) -> dict[str, d
 
 def driver_env(spec: api.EmbeddingJobSpec) -> list[dict[str, Any]]:
     """Every variable the driver reads (contract.DRIVER_ENV): the sink's database URL and a table source's own
-    from their Secrets, the others empty. Set in `env`, which wins over `envFrom`, so that a Secret or
+    from their Secrets, the metrics port, the others empty. Set in `env`, which wins over `envFrom`, so that a Secret or
     ConfigMap given without a prefix cannot set one (docs/pod-settings.md)."""
     refs = {name: ref for name, ref, _ in database_secrets(spec)}
     return [{"name": name, "valueFrom": {"secretKeyRef": {"name": refs[name].name, "key": refs[name].key}}}
-            if name in refs else {"name": name, "value": ""} for name in DRIVER_ENV]
+            if name in refs else {"name": name, "value": DRIVER_ENV_VALUES.get(name, "")} for name in DRIVER_ENV]
 
 
 def labels(job: dict[str, Any]) -> dict[str, str]:
@@ -122,6 +123,10 @@ def entrypoint(job: dict[str, Any]) -> str:
     return driver_command(job)
 
 
+# The driver runs on the head; the port is named for the chart's PodMonitor (values podMonitor).
+DRIVER_METRICS_CONTAINER_PORT = {"name": DRIVER_METRICS_PORT_NAME, "containerPort": DRIVER_METRICS_PORT, "protocol": "TCP"}
+
+
 def _container(name: str, image: str, env: list, resources: dict) -> dict[str, Any]:
     return {"name": name, "image": image, "env": env, "resources": copy.deepcopy(resources)}
 
@@ -143,7 +148,8 @@ def _cluster_spec(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Set
             "rayStartParams": {"num-cpus": "0"},
             "template": pod_template({
                 "metadata": {"labels": labels(job)},
-                "spec": {"containers": [_container(HEAD_CONTAINER, image, driver_env(spec), HEAD_RESOURCES)]},
+                "spec": {"containers": [{**_container(HEAD_CONTAINER, image, driver_env(spec), HEAD_RESOURCES),
+                                         "ports": [DRIVER_METRICS_CONTAINER_PORT]}]},
             }, *_head_settings(spec, settings)),
         },
         "workerGroupSpecs": [

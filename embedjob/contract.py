@@ -8,7 +8,7 @@ is spelled once:
   manifest's apiVersion, kind, metadata (name, namespace, uid) and spec; credentials
   never travel in it;
 - the database URL reaches the driver in the environment (`DATABASE_URL_ENV`, from the
-  user's Secret through `secretKeyRef`);
+  user's Secret through `secretKeyRef`), and so does its metrics port;
 - the driver's exit codes, and the status reasons the operator turns them into;
 - the pool-removal entrypoint the operator runs on a shared Ray cluster.
 """
@@ -33,9 +33,16 @@ DATABASE_URL_ENV = "EMBEDJOB_DATABASE_URL"
 SOURCE_DATABASE_URL_ENV = "EMBEDJOB_SOURCE_DATABASE_URL"
 # Test hook: JSON handed to every EmbeddingWorker actor (see embedjob_worker.encode.actors).
 FAULT_INJECTION_ENV = "EMBEDJOB_FAULT_INJECTION"
+# The port the driver serves Prometheus metrics on (empty or 0: none); the head pod names it
+# DRIVER_METRICS_PORT_NAME, which the chart's PodMonitor scrapes.
+DRIVER_METRICS_PORT_ENV = "EMBEDJOB_DRIVER_METRICS_PORT"
+DRIVER_METRICS_PORT = 8090
+DRIVER_METRICS_PORT_NAME = "driver-metrics"
 # Every variable the driver reads: the operator sets each in the Ray containers' `env` (empty when unused),
 # which wins over `envFrom`, so a Secret or ConfigMap given without a prefix cannot set one.
-DRIVER_ENV = (DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, FAULT_INJECTION_ENV)
+DRIVER_ENV = (DATABASE_URL_ENV, SOURCE_DATABASE_URL_ENV, FAULT_INJECTION_ENV, DRIVER_METRICS_PORT_ENV)
+# The value the operator gives a variable that no Secret sets.
+DRIVER_ENV_VALUES = {DRIVER_METRICS_PORT_ENV: str(DRIVER_METRICS_PORT)}
 
 
 class ExitCode(IntEnum):

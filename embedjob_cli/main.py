@@ -149,8 +149,7 @@ def _run(config: JobConfig, database_url: Callable[[], str], args: argparse.Name
     log_event(log, "ray_ready", seconds=round(time.monotonic() - started, 2))
     url = database_url()
     metrics = DriverMetrics()
-    if args.metrics_port:
-        metrics.serve(args.metrics_port)
+    metrics.serve(args.metrics_port)
     spec = config.spec
     try:
         # A table's rows are not counted ahead (a view may be costly to read twice): the bar counts up.

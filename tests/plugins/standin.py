@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from embedjob.contract import DRIVER_METRICS_PORT_ENV
 from envtest.control_plane import KubectlError, running_control_plane
 from plugins.ray_heads import RAY_CLIENT_ENV
 from support.kubectl import get_json
@@ -162,6 +163,8 @@ class RayJobRunner:
             **RAY_CLIENT_ENV,
             "RAY_ADDRESS": self.ray_address,
             **self._container_env(head),
+            # Drivers here share the host's ports, unlike head pods: none serves metrics unless a test asks.
+            DRIVER_METRICS_PORT_ENV: "0",
             **self.extra_env,
         }
         log_path = self.log_dir / f"{name}.log"

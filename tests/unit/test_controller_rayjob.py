@@ -97,6 +97,7 @@ def test_database_url_comes_only_from_the_secret():
         assert container["env"] == [
             {"name": "EMBEDJOB_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "pg", "key": "dsn"}}},
             {"name": "EMBEDJOB_SOURCE_DATABASE_URL", "value": ""}, {"name": "EMBEDJOB_FAULT_INJECTION", "value": ""},
+            {"name": "EMBEDJOB_DRIVER_METRICS_PORT", "value": "8090"},
         ]
     assert "postgresql://" not in json.dumps(manifest)
 
@@ -115,7 +116,15 @@ def test_an_env_from_without_a_prefix_cannot_set_the_drivers_own_variables():
         set_in_env = {var["name"]: var.get("value", "from its Secret") for var in container["env"]}
         assert {name: set_in_env.get(name) for name in contract.DRIVER_ENV} == {
             "EMBEDJOB_DATABASE_URL": "from its Secret", "EMBEDJOB_SOURCE_DATABASE_URL": "",
-            "EMBEDJOB_FAULT_INJECTION": ""}
+            "EMBEDJOB_FAULT_INJECTION": "", "EMBEDJOB_DRIVER_METRICS_PORT": "8090"}
+
+
+def test_the_head_names_the_drivers_metrics_port_for_a_pod_monitor():
+    cluster = rayjob_of(job())["spec"]["rayClusterSpec"]
+    (head,) = cluster["headGroupSpec"]["template"]["spec"]["containers"]
+    assert head["ports"] == [{"name": "driver-metrics", "containerPort": 8090, "protocol": "TCP"}]
+    (worker,) = cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"]
+    assert "ports" not in worker
 
 
 def test_cluster_spec_defaults():

@@ -118,7 +118,7 @@ def test_a_job_being_deleted_gets_no_sync_gauge_or_event_and_nothing_of_it_is_ke
 
     asyncio.run(keeper.sync("u-1"))  # the RayJob's deletion, seen while the finalizer runs
     assert kube.patches == [] and emitted == []
-    assert states._states == {} and keeper._written == {} and keeper._locks == {}
+    assert states._states == {} and states._samples == {} and keeper._written == {} and keeper._locks == {}
 
 
 def test_observed_generation_names_the_reviewed_generation_not_an_edit_waiting_for_its_review():

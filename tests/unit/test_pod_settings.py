@@ -135,7 +135,7 @@ def test_the_jobs_settings_merge_over_the_operators_defaults():
     (container,) = pod["containers"]
     assert [(e["name"], e.get("value")) for e in container["env"]] == [
         (contract.DATABASE_URL_ENV, None), (contract.SOURCE_DATABASE_URL_ENV, ""), (contract.FAULT_INJECTION_ENV, ""),
-        ("HF_HOME", "/cache"), ("TZ", "UTC")]  # by name, in place
+        (contract.DRIVER_METRICS_PORT_ENV, "8090"), ("HF_HOME", "/cache"), ("TZ", "UTC")]  # by name, in place
     assert container["envFrom"] == [{"configMapRef": {"name": "proxy"}}, {"secretRef": {"name": "s3"}}]  # appended
     assert container["volumeMounts"] == [{"name": "cache", "mountPath": "/cache", "readOnly": True}]  # by mountPath
     # the head: the operator's default resources replace ours whole (no 2Gi memory limit left under them)

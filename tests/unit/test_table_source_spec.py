@@ -131,7 +131,7 @@ def test_a_source_database_reaches_the_pods_only_from_its_secret():
         assert group["template"]["spec"]["containers"][0]["env"] == [
             {"name": "EMBEDJOB_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "embedjob-db", "key": "url"}}},
             {"name": "EMBEDJOB_SOURCE_DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": "cms-db", "key": "dsn"}}},
-            {"name": "EMBEDJOB_FAULT_INJECTION", "value": ""},
+            {"name": "EMBEDJOB_FAULT_INJECTION", "value": ""}, {"name": "EMBEDJOB_DRIVER_METRICS_PORT", "value": "8090"},
         ]
 
 

@@ -24,13 +24,14 @@ import ray
 
 from embedjob.api import SpecError
 from embedjob.contract import (
-    CONFIG_FLAG, DATABASE_URL_ENV, FAULT_INJECTION_ENV, SOURCE_DATABASE_URL_ENV, ExitCode, decode_job_config,
+    CONFIG_FLAG, DATABASE_URL_ENV, DRIVER_METRICS_PORT_ENV, FAULT_INJECTION_ENV, SOURCE_DATABASE_URL_ENV, ExitCode,
+    decode_job_config,
 )
 
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.core.errors import RayUnreachable, Unreachable, unreachable_exit_code
 from embedjob_worker.core.logs import configure_logging, log_event, mask_secrets, mask_url
-from embedjob_worker.core.metrics import DriverMetrics
+from embedjob_worker.core.metrics import DriverMetrics, metrics_port_from_env
 from embedjob_worker.run.job import DriverOptions, run_job
 
 log = logging.getLogger("embedjob_worker.driver")
@@ -92,7 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ray-address", help="Ray cluster to connect to (default: $RAY_ADDRESS)")
     parser.add_argument("--ray-connect-timeout", type=float, default=RAY_CONNECT_TIMEOUT_S, metavar="SECONDS",
                         help=f"give up connecting to Ray after this long, exit 3 (default {RAY_CONNECT_TIMEOUT_S:.0f})")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-port", type=int,
+                        help=f"serve Prometheus metrics on this port (default: ${DRIVER_METRICS_PORT_ENV}; 0: none)")
     parser.add_argument("--new-run", action="store_true", help="start a new run even if the input changed")
     return parser.parse_args(argv)
 
@@ -126,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         connect_ray(address, args.ray_connect_timeout)
         metrics = DriverMetrics()
-        if args.metrics_port:
-            metrics.serve(args.metrics_port)
+        metrics.serve(args.metrics_port if args.metrics_port is not None
+                      else metrics_port_from_env(os.environ.get(DRIVER_METRICS_PORT_ENV)))
         options = DriverOptions(new_run=args.new_run, metrics=metrics, fault_injection=fault_injection_from_env(),
                                 source_database_url=source_database_url)
         summary = run_job(config, database_url, options)

@@ -1,8 +1,14 @@
-"""Prometheus metrics of the driver, served on --metrics-port when one is given."""
+"""Prometheus metrics of the driver, served on --metrics-port (or $EMBEDJOB_DRIVER_METRICS_PORT) when one is given."""
 
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from embedjob_worker.core.logs import log_event
+
+log = logging.getLogger("embedjob_worker.metrics")
 
 
 class DriverMetrics:
@@ -24,5 +30,21 @@ class DriverMetrics:
         self.model_load_seconds = Gauge("embedjob_model_load_seconds", "Model load time of the slowest actor.",
                                         registry=self.registry)
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
+    def serve(self, port: int | None) -> None:
+        """Serve /metrics on `port` (None or 0: nowhere). A port in use costs the metrics, not the run."""
+        if not port:
+            return
+        try:
+            start_http_server(port, registry=self.registry)
+        except OSError as exc:
+            log_event(log, "metrics_port_unavailable", logging.WARNING, port=port, error=str(exc))
+
+
+def metrics_port_from_env(value: str | None) -> int | None:
+    """The port $EMBEDJOB_DRIVER_METRICS_PORT names; None for unset, empty or not a port (logged)."""
+    if not value:
+        return None
+    if value.isascii() and value.isdigit() and int(value) <= 65535:
+        return int(value)
+    log_event(log, "metrics_port_invalid", logging.WARNING, value=value[:64])
+    return None
