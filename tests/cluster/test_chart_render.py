@@ -8,6 +8,9 @@ import json
 
 import pytest
 
+from controller.rayjob import LABEL_JOB_NAME
+from controller.rayjob import labels as rayjob_labels
+from embedjob.contract import DRIVER_METRICS_PORT_NAME
 from support.chart import (
     RELEASE,
     RELEASE_NAMESPACE,
@@ -28,6 +31,9 @@ from support.project import pinned_ray_version, pyproject
 NON_DEFAULT_VALUES = {
     "watchNamespaces": ["team-a", "team-b"],
     "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+    "podMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}, "syncStalledSeconds": 3600},
+    "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
     "networkPolicy": {"enabled": True, "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
     "database": {"secretName": "embedjob-operator-db", "secretKey": "dsn"},
     "image": {"repository": "registry.example.com/embedjob-controller", "tag": "9.9.9", "pullPolicy": "Always"},
@@ -123,6 +129,29 @@ def test_non_default_render():
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= the(objects, "Service")["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True  # the per-job series' own namespace label
+
+    drivers = the(objects, "PodMonitor")
+    assert drivers["metadata"]["labels"]["release"] == "prometheus"
+    assert drivers["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    head_labels = {**rayjob_labels({"metadata": {"name": "pep", "uid": "u-1"}}), "ray.io/node-type": "head"}  # KubeRay adds the node type
+    assert drivers["spec"]["selector"]["matchLabels"].items() <= head_labels.items()
+    (endpoint,) = drivers["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == DRIVER_METRICS_PORT_NAME
+    assert endpoint["relabelings"] == [{"sourceLabels": ["__meta_kubernetes_pod_label_embedjob_dev_job_name"],
+                                        "targetLabel": "embeddingjob"}]
+    assert LABEL_JOB_NAME.replace(".", "_").replace("/", "_").replace("-", "_") == "embedjob_dev_job_name"
+
+    rules = the(objects, "PrometheusRule")
+    assert rules["metadata"]["labels"]["release"] == "prometheus"
+    alerts = {rule["alert"]: rule for group in rules["spec"]["groups"] for rule in group["rules"]}
+    assert sorted(alerts) == ["EmbeddingJobFailed", "EmbeddingJobNoProgress", "EmbeddingSyncStalled"]
+    assert alerts["EmbeddingSyncStalled"]["expr"].endswith("> 3600")
+
+    (dashboard,) = [c for c in by_kind(objects, "ConfigMap") if "embedjob.json" in c.get("data", {})]
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["embedjob.json"])["uid"] == "embedjob"
 
     policy = the(objects, "NetworkPolicy")["spec"]
     assert policy["policyTypes"] == ["Ingress", "Egress"]
@@ -185,6 +214,13 @@ def test_rayjobs_run_the_chart_worker_image_with_its_ray_version():
         ({"watchNamespaces": "team-a"}, "at '/watchNamespaces': got string, want array"),
         ({"watchNamespaces": ["Team_A"]}, "at '/watchNamespaces/0'"),
         ({"serviceMonitor": {"enabled": "yes"}}, "at '/serviceMonitor/enabled': got string, want boolean"),
+        ({"prometheusRule": {"syncStalledSeconds": 0}}, "at '/prometheusRule/syncStalledSeconds'"),
+        ({"prometheusRule": {"syncStalledSeconds": "1d"}}, "at '/prometheusRule/syncStalledSeconds'"),
+        ({"prometheusRule": {"noProgressFor": "30 minutes"}}, "at '/prometheusRule/noProgressFor'"),
+        ({"prometheusRule": {"severity": "page\n  evil: 1"}}, "at '/prometheusRule/severity'"),
+        ({"podMonitor": {"interval": "-1s"}}, "at '/podMonitor/interval'"),
+        ({"grafanaDashboard": {"namespace": "Monitoring"}}, "at '/grafanaDashboard/namespace'"),
+        ({"grafanaDashboard": {"labels": {"grafana_dashboard": 1}}}, "at '/grafanaDashboard/labels/grafana_dashboard'"),
         ({"worker": {"rayVersion": "latest"}}, "at '/worker/rayVersion'"),
         ({"logFormat": "xml"}, "at '/logFormat'"),
         ({"replicas": 1}, "additional properties 'replicas' not allowed"),
