@@ -25,7 +25,9 @@ def job_entry(job: dict[str, Any]) -> dict[str, Any]:
             "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
                          "generation": meta.get("generation"), "deletionTimestamp": meta.get("deletionTimestamp")},
             "spec": {"suspend": spec.get("suspend", False),
-                     "clusterSelector": copy.deepcopy(spec.get("clusterSelector"))},
+                     "clusterSelector": copy.deepcopy(spec.get("clusterSelector")),
+                     # what the job writes: its last success is the sync of this collection (job_metrics)
+                     "sink": {key: (spec.get("sink") or {}).get(key) for key in ("table", "collection")}},
             "status": copy.deepcopy(job.get("status") or {}),
         }
     }

@@ -45,7 +45,7 @@ def job_samples(meta: Mapping[str, Any], spec: Mapping[str, Any], status: Mappin
     if state == JobState.complete.value and completed is not None:
         sink = spec.get("sink") or {}
         samples["embedjob_job_last_success_timestamp_seconds",
-                (*job, str(sink.get("table", "")), str(sink.get("collection", "")))] = completed
+                (*job, str(sink.get("table") or ""), str(sink.get("collection") or ""))] = completed
     progress = status.get("progress")
     progress = progress if isinstance(progress, Mapping) else {}
     for field, outcome in RECORD_OUTCOMES.items():

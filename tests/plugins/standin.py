@@ -27,7 +27,7 @@ import pytest
 from embedjob.contract import DRIVER_METRICS_PORT_ENV
 from envtest.control_plane import KubectlError, running_control_plane
 from plugins.ray_heads import RAY_CLIENT_ENV
-from support.kubectl import get_json
+from support.kubectl import create_database_secret, get_json
 from support.paths import REPO
 
 
@@ -199,3 +199,22 @@ class RayJobRunner:
                 if not unreachable(exc) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+
+
+@pytest.fixture
+def e2e(kube_without_kuberay, standin_namespace, local_ray, database_url, start_operator, tmp_path):
+    """(kube, namespace, operator, runner factory) with the database Secret in place; `runner(**env)` starts a
+    RayJobRunner whose entrypoints get `env` over the head container's."""
+    kube, namespace = kube_without_kuberay, standin_namespace
+    create_database_secret(kube, namespace, database_url)
+    operator = start_operator(kube, namespace, EMBEDJOB_DATABASE_URL=database_url)
+    runners = []
+
+    def runner(**extra_env: str) -> RayJobRunner:
+        runners.append(RayJobRunner(kube, namespace, local_ray, tmp_path, extra_env).__enter__())
+        return runners[-1]
+
+    yield kube, namespace, operator, runner
+    for r in runners:
+        r.__exit__(None, None, None)
+        assert not r.errors, r.errors
