@@ -95,15 +95,14 @@ def test_every_panel_and_alert_works_on_what_the_operator_and_a_real_driver_serv
 
 def assert_panels(prometheus: PrometheusApi, dashboard: dict, namespace: str, started: float) -> None:
     """Every target returns series over the test's time, with every label its legend names."""
-    empty = []
+    problems = []
     for title, expr, legend in panel_queries(dashboard, namespace):
         series = prometheus.query_range(expr, started)
         if not series:
-            empty.append(f"{title}: {expr}")
-            continue
-        for label in LEGEND_LABEL.findall(legend):
-            assert any(label in s["metric"] for s in series), f"{title}: no series has label {label!r}: {series[:3]}"
-    assert not empty, "panels without series:\n" + "\n".join(empty)
+            problems.append(f"{title}: no series: {expr}")
+        problems += [f"{title}: no series has label {label!r}: {expr}" for label in LEGEND_LABEL.findall(legend)
+                     if series and not any(label in s["metric"] for s in series)]
+    assert not problems, "\n".join(problems)
     # the namespace variable's query (label_values(embedjob_job_state, namespace)) offers the job's namespace
     series = prometheus.get("series", **{"match[]": "embedjob_job_state", "start": f"{started:.3f}"})
     assert namespace in {s["namespace"] for s in series}
@@ -114,12 +113,14 @@ def assert_alert_rules(prometheus: PrometheusApi, groups: list[dict], started: f
     loaded = {rule["name"]: rule for group in prometheus.get("rules")["groups"] for rule in group["rules"]}
     expected = {rule["alert"]: rule for group in groups for rule in group["rules"]}
     assert loaded.keys() == expected.keys()
-    for name, rule in loaded.items():
-        assert (rule["health"], rule.get("lastError", "")) == ("ok", ""), rule
-        selectors = SELECTOR.findall(expected[name]["expr"])
-        assert selectors, expected[name]["expr"]
-        for selector in selectors:
-            assert prometheus.query_range(selector, started), f"{name}: {selector} selects no series"
+    problems = [f"{name}: {rule['health']} {rule.get('lastError', '')}" for name, rule in loaded.items()
+                if (rule["health"], rule.get("lastError", "")) != ("ok", "")]
+    for name, rule in expected.items():
+        selectors = SELECTOR.findall(rule["expr"])
+        problems += [f"{name}: selects nothing" for _ in [0] if not selectors]
+        problems += [f"{name}: {selector} selects no series" for selector in selectors
+                     if not prometheus.query_range(selector, started)]
+    assert not problems, "\n".join(problems)
 
 
 def assert_sync_lag_is_the_jobs(prometheus: PrometheusApi, namespace: str) -> None:
