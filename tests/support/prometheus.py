@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 import urllib.parse
 import urllib.request
@@ -35,9 +36,11 @@ class PrometheusApi:
         return answer["data"]
 
     def query_range(self, expr: str, start: float, end: float | None = None, step: float = 1.0) -> list[dict]:
-        """The series `expr` returns over [start, end] (each with `metric` and `values`)."""
-        data = self.get("query_range", query=expr, start=f"{start:.3f}", end=f"{(end or time.time()):.3f}",
-                        step=f"{step:g}")
+        """The series `expr` returns over [start, end] (each with `metric` and `values`). The steps count back
+        from `end` (Prometheus counts them on from `start`): a sample scraped just before `end` is seen."""
+        end = end or time.time()
+        start = end - math.ceil((end - start) / step) * step
+        data = self.get("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step:g}")
         return data["result"]
 
     def query(self, expr: str) -> list[dict]:
