@@ -123,8 +123,12 @@ def entrypoint(job: dict[str, Any]) -> str:
     return driver_command(job)
 
 
-# The driver runs on the head; the port is named for the chart's PodMonitor (values podMonitor).
-DRIVER_METRICS_CONTAINER_PORT = {"name": DRIVER_METRICS_PORT_NAME, "containerPort": DRIVER_METRICS_PORT, "protocol": "TCP"}
+# The head's ports. The driver runs on the head: its metrics port is named for the chart's PodMonitor. KubeRay
+# gives the head Service the container's declared ports, and its own defaults only when none is declared, so
+# those are declared too (without the dashboard's, a RayJob never gets past Initializing).
+HEAD_PORTS = [{"name": name, "containerPort": port, "protocol": "TCP"}
+              for name, port in (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), ("metrics", 8080),
+                                 (DRIVER_METRICS_PORT_NAME, DRIVER_METRICS_PORT))]
 
 
 def _container(name: str, image: str, env: list, resources: dict) -> dict[str, Any]:
@@ -149,7 +153,7 @@ def _cluster_spec(job: dict[str, Any], spec: api.EmbeddingJobSpec, settings: Set
             "template": pod_template({
                 "metadata": {"labels": labels(job)},
                 "spec": {"containers": [{**_container(HEAD_CONTAINER, image, driver_env(spec), HEAD_RESOURCES),
-                                         "ports": [DRIVER_METRICS_CONTAINER_PORT]}]},
+                                         "ports": copy.deepcopy(HEAD_PORTS)}]},
             }, *_head_settings(spec, settings)),
         },
         "workerGroupSpecs": [

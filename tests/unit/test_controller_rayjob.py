@@ -122,7 +122,10 @@ def test_an_env_from_without_a_prefix_cannot_set_the_drivers_own_variables():
 def test_the_head_names_the_drivers_metrics_port_for_a_pod_monitor():
     cluster = rayjob_of(job())["spec"]["rayClusterSpec"]
     (head,) = cluster["headGroupSpec"]["template"]["spec"]["containers"]
-    assert head["ports"] == [{"name": "driver-metrics", "containerPort": 8090, "protocol": "TCP"}]
+    ports = {port["name"]: port["containerPort"] for port in head["ports"]}
+    assert ports["driver-metrics"] == 8090
+    # KubeRay's own defaults (utils.getDefaultPorts but serve), which it drops once a port is declared
+    assert ports.items() >= {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "metrics": 8080}.items()
     (worker,) = cluster["workerGroupSpecs"][0]["template"]["spec"]["containers"]
     assert "ports" not in worker
 
