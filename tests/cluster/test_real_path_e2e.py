@@ -72,6 +72,8 @@ def test_job_runs_to_complete_through_kuberay_pods_and_embedjob_logs_reads_its_k
     assert len(heads) == 1 and len(workers) == 1 and len(submitters) == 1, watcher.summary()
     assert "Running" in watcher.phases[heads[0]] and "Running" in watcher.phases[workers[0]], watcher.summary()
     assert watcher.phases[submitters[0]][-1] == "Succeeded", watcher.summary()
+    # the driver served its metrics on the head pod's IP and port driver-metrics, as the chart's PodMonitor scrapes
+    assert "embedjob_batches_total" in watcher.driver_metrics.get(heads[0], ""), watcher.driver_metrics.keys()
     # token auth as the operator configured it: every Ray container and the submitter get KubeRay's
     # generated token from the cluster's Secret
     [rayjob] = rayjobs(kube, namespace)

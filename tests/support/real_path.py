@@ -11,6 +11,7 @@ import json
 import shutil
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import sqlalchemy as sa
 
 from embedjob import db
 from embedjob.api import HEAD_CONTAINER
+from embedjob.contract import DRIVER_METRICS_PORT
 from support.kubectl import apply_job, create_database_secret, get_json
 from support.corpus import corpus_lines
 from support.paths import SAMPLE
@@ -68,6 +70,8 @@ class PodWatcher(BackgroundPoller):
         self.pods: dict[str, dict] = {}  #: the last state seen of each pod
         self._started = time.monotonic()
         self._seen_at: dict[str, list[float]] = {}  #: seconds after the start at which each phase was first seen
+        #: a head pod -> the last page its driver served on its pod IP, port driver-metrics (what a PodMonitor scrapes)
+        self.driver_metrics: dict[str, str] = {}
 
     def poll(self) -> None:
         res = self.kube.kubectl("get", "pods", "-n", self.namespace, "-o", "json", check=False)
@@ -81,6 +85,8 @@ class PodWatcher(BackgroundPoller):
                 if not seen or seen[-1] != phase:
                     seen.append(phase)
                     self._seen_at.setdefault(name, []).append(time.monotonic() - self._started)
+                if phase == "Running" and self.labels[name].get("ray.io/node-type") == "head":
+                    self._scrape_driver(name, pod.get("status", {}).get("podIP"))
         res = self.kube.kubectl("get", "ej", "-n", self.namespace, "-o", "json", check=False)
         if res.returncode == 0:
             for job in json.loads(res.stdout)["items"]:
@@ -91,6 +97,13 @@ class PodWatcher(BackgroundPoller):
                     seen_states.append(state)
                     self._seen_at.setdefault(f"job {job['metadata']['name']}", []).append(
                         time.monotonic() - self._started)
+
+    def _scrape_driver(self, pod: str, ip: str | None) -> None:
+        try:
+            with urllib.request.urlopen(f"http://{ip}:{DRIVER_METRICS_PORT}/metrics", timeout=1) as resp:
+                self.driver_metrics[pod] = resp.read().decode()
+        except (OSError, ValueError):  # no driver yet, or gone
+            pass
 
     def of_kind(self, node_type: str) -> list[str]:
         return [n for n, lab in self.labels.items() if lab.get("ray.io/node-type") == node_type]
