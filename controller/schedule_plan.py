@@ -23,6 +23,8 @@ from embedjob.cron import latest_missed, next_tick, parse, zone
 FINISHED = (JobState.complete.value, JobState.failed.value)
 # Look again at least this often (a clock step, an operator that missed a wake-up), at most this rarely.
 LOOK_AGAIN_S = (1.0, 300.0)
+# How often a schedule with an active run is looked at.
+ACTIVE_LOOK_S = 5.0
 # More missed ticks than this are reported as too many (CronJob's limit); the latest still starts.
 MISSED_LIMIT = 100
 
@@ -78,6 +80,8 @@ def plan(job: str, spec: ScheduleSpec, suspended: bool, created: datetime, last_
     look_again = min(max(look_again, LOOK_AGAIN_S[0]), LOOK_AGAIN_S[1])
     delete = _beyond_history(runs, spec)
     active = [run for run in runs if not run.finished]
+    if active:  # its end may put a run beyond the history limits, or let a held tick start
+        look_again = min(look_again, ACTIVE_LOOK_S)
     if suspended:
         return Plan(delete=delete, next_tick=upcoming, look_again_s=look_again)
     since = last_scheduled or created
@@ -102,7 +106,7 @@ def plan(job: str, spec: ScheduleSpec, suspended: bool, created: datetime, last_
     if active and spec.concurrency_policy == "Forbid":
         return Plan(delete=delete, missed=missed, next_tick=upcoming, events=events,
                     waiting=f"run {active[0].name} is active (concurrencyPolicy Forbid): tick {_iso(tick)} "
-                    "starts when it ends", look_again_s=LOOK_AGAIN_S[0] * 5)
+                    "starts when it ends", look_again_s=look_again)
     replaced = tuple(run.name for run in active) if spec.concurrency_policy == "Replace" else ()
     return Plan(start=tick, start_name=name, delete=replaced + delete, missed=missed, next_tick=upcoming,
                 look_again_s=look_again, events=events)

@@ -53,7 +53,7 @@ def test_a_starting_deadline_drops_older_ticks():
 def test_forbid_waits_for_the_active_run_and_replace_deletes_it():
     active = Run("sync-1", T0, state="Running")
     forbid = plan("sync", EVERY_MINUTE, False, T0 - minutes(1), T0, [active], T0 + minutes(1))
-    assert forbid.start is None and "sync-1 is active" in forbid.waiting and forbid.look_again_s == 5
+    assert forbid.start is None and "sync-1 is active" in forbid.waiting and forbid.look_again_s == 5  # ACTIVE_LOOK_S
     # once it ends, the waiting tick starts (no deadline)
     done = Run("sync-1", T0, state="Complete", completed=T0 + minutes(2))
     assert plan("sync", EVERY_MINUTE, False, T0 - minutes(1), T0, [done], T0 + minutes(2) + timedelta(seconds=1)
