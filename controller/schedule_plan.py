@@ -109,7 +109,7 @@ def plan(job: str, spec: ScheduleSpec, suspended: bool, created: datetime, last_
                     "starts when it ends", look_again_s=look_again)
     replaced = tuple(run.name for run in active) if spec.concurrency_policy == "Replace" else ()
     return Plan(start=tick, start_name=name, delete=replaced + delete, missed=missed, next_tick=upcoming,
-                look_again_s=look_again, events=events)
+                look_again_s=min(look_again, ACTIVE_LOOK_S), events=events)  # the started run is active
 
 
 def _beyond_history(runs: list[Run], spec: ScheduleSpec) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ def test_nothing_is_due_before_the_first_tick_after_creation():
 def test_the_due_tick_starts_a_run_named_by_its_minute():
     p = plan("sync", EVERY_MINUTE, False, T0, None, [], T0 + minutes(1) + timedelta(seconds=3))
     assert (p.start, p.start_name, p.missed) == (T0 + minutes(1), f"sync-{int((T0 + minutes(1)).timestamp()) // 60}", 1)
-    assert p.next_tick == T0 + minutes(2)
+    assert p.next_tick == T0 + minutes(2) and p.look_again_s == 5  # the run it starts is active: its end matters
 
 
 def test_a_tick_already_started_is_not_started_again():
