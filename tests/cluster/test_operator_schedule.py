@@ -1,10 +1,12 @@
 """Issue 31 item 1: a job on a one-minute schedule, on the real API server with the operator as a ServiceAccount;
 `RayJobRunner` plays KubeRay + kubelet (each run's driver runs for real on a local Ray, with the packaged model and
 PostgreSQL). Three ticks, each an incremental run; concurrencyPolicy Forbid holds a tick while a run is active and
-starts it when that run ends; the history limit deletes the oldest completed run; the status follows."""
+starts it when that run ends, across an operator killed meanwhile; the history limit deletes the oldest completed run;
+the status follows."""
 
 from __future__ import annotations
 
+import signal
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -60,6 +62,7 @@ def test_three_ticks_forbid_holds_a_tick_while_a_run_is_active_and_history_is_pr
         job = get_json(kube, "ej", "sync", "-n", namespace)
         assert job["status"]["state"] == "Running" and job["status"]["schedule"]["active"] == [first], job["status"]
 
+        operator.restart(signal.SIGKILL)  # what it knew of the schedule is what is stored: no tick twice
         runner()  # KubeRay and the kubelet arrive: the first run runs, then the held tick's, then the next tick's
         wait_until("three completed runs", lambda: len(watcher.completed()) >= 3, timeout=240)
         first_run_gone = wait_until("the history limit's delete", lambda: first not in {
