@@ -33,7 +33,7 @@ class Scheduler:
         self._ctx, self._keeper = ctx, keeper
         self._jobs: Mapping[str, Iterable[dict[str, Any]]] = {}
         self._look_at: dict[str, float] = {}  #: uid -> monotonic time of its next look
-        self._announced: set[tuple[str, str, str]] = set()  #: (uid, reason, message) of Events posted
+        self._warned: dict[tuple[str, str], str] = {}  #: (uid, reason) -> the message last posted: said once
         self._task: asyncio.Task | None = None
 
     def attach(self, jobs: Mapping[str, Iterable[dict[str, Any]]]) -> None:
@@ -81,17 +81,16 @@ class Scheduler:
             run = await self._ctx.kube.create_or_get_job(run_manifest(stored, todo.start))
             await self._announce(job, "RunStarted", f"run {run['metadata']['name']} for the tick {rfc3339(todo.start)}"
                                  + (f", replacing {', '.join(todo.delete)}" if todo.delete else ""))
-        for reason, message in todo.events:
-            await self._announce(job, reason, message)
+        for reason, message in todo.events:  # each step sees a missed tick again until a later one starts
+            if self._warned.get((uid, reason)) != message:
+                self._warned[(uid, reason)] = message
+                await self._announce(job, reason, message)
         if todo.start is not None or todo.delete:
             await self._keeper.sync(uid)
         self._look_at[uid] = time.monotonic() + todo.look_again_s
 
     async def _announce(self, job: dict[str, Any], reason: str, message: str) -> None:
         meta = job["metadata"]
-        if (meta["uid"], reason, message) in self._announced:
-            return
-        self._announced.add((meta["uid"], reason, message))
         try:
             await self._ctx.kube.post_job_event(meta["namespace"], meta["name"], meta["uid"], reason, message,
                                                 warning=reason in WARNINGS)
@@ -100,7 +99,7 @@ class Scheduler:
 
     def forget(self, uid: str) -> None:
         self._look_at.pop(uid, None)
-        self._announced = {key for key in self._announced if key[0] != uid}
+        self._warned = {key: message for key, message in self._warned.items() if key[0] != uid}
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop())
