@@ -18,8 +18,6 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from kubernetes.client.exceptions import ApiException
 
-from embedjob import api
-
 from . import acceptance, queueing, scheduled_runs, status, waiting
 from .acceptance import ACCEPTED, Verdict
 from .kube import KubeApi
@@ -96,9 +94,8 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
                    or acceptance.review(parsed, secret, raycluster, ctx.settings.pod_policy))
         if not verdict.accepted:
             return verdict
-        if parsed.schedule is not None and len(meta["name"]) > api.MAX_SCHEDULED_NAME:
-            return Verdict(False, "NameTooLong", f"a scheduled job's name has at most {api.MAX_SCHEDULED_NAME} "
-                           "characters: its runs are named <name>-<minutes since the epoch> (63 at most)")
+        if (too_long := acceptance.check_scheduled_name(meta["name"], parsed)) is not None:
+            return too_long
         if not status.accepted(job.get("status") or {}) and not await accept(job):
             raise SpecChanged(f"generation {meta.get('generation')} was edited during its review")
         if parsed.schedule is not None:
