@@ -25,6 +25,7 @@ from .reconcile import Context
 from .refusals import Refusals
 from .release import FINALIZER, release_terminating_forever
 from .run_reader import RunReader
+from .scheduler import Scheduler
 from .settings import Settings, SettingsError
 
 LOG_FORMATS = {"json": kopf.LogFormat.JSON, "plain": kopf.LogFormat.FULL}
@@ -81,6 +82,12 @@ def main() -> None:
                 store.close()
 
 
+def memo(context: Context) -> kopf.Memo:
+    keeper = StatusKeeper(context)
+    return kopf.Memo(context=context, keeper=keeper, scheduler=Scheduler(context, keeper),
+                     refusals=Refusals(context.kube))
+
+
 async def run(settings: Settings, context: Context) -> None:
     """kopf's operator, and beside it the sweep of idle actor pools and (watchNamespaces) the release of jobs
     whose namespace is being deleted."""
@@ -94,8 +101,7 @@ async def run(settings: Settings, context: Context) -> None:
             clusterwide=settings.clusterwide,
             namespaces=list(settings.watch_namespaces),
             liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
-            memo=kopf.Memo(context=context, keeper=StatusKeeper(context),
-                           refusals=Refusals(context.kube)),
+            memo=memo(context),
         )
     finally:
         for task in tasks:

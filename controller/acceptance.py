@@ -202,6 +202,14 @@ def parse(spec: dict[str, Any]) -> api.EmbeddingJobSpec | Verdict:
         return _reject("InvalidSpec", str(exc))
 
 
+def check_scheduled_name(name: str, spec: api.EmbeddingJobSpec) -> Verdict | None:
+    """A scheduled job's runs are named <name>-<minutes since the epoch>: the name leaves room for it."""
+    if spec.schedule is None or len(name) <= api.MAX_SCHEDULED_NAME:
+        return None
+    return Verdict(False, "NameTooLong", f"a scheduled job's name has at most {api.MAX_SCHEDULED_NAME} characters: "
+                   "its runs are named <name>-<minutes since the epoch> (63 at most)")
+
+
 def review_without_cluster(spec: api.EmbeddingJobSpec, policy: PodPolicy) -> Verdict | None:
     """The part of the review that needs nothing from the cluster, the pod policy included (`embedjob render`
     runs it alone, with the policy of the operator's settings)."""

@@ -5,6 +5,7 @@
   (`controller.refusals`);
 - a change of a job's RayJob -> the job's status (`StatusKeeper.sync`), which also
   refreshes unfinished jobs every EMBEDJOB_PROGRESS_INTERVAL_SECONDS;
+- a job with spec.schedule has no RayJob: `controller.scheduler` starts its runs (child jobs);
 - deletion -> `cleanup` behind the finalizer `embedjob.dev/cleanup`, except for jobs
   released from the operator (`python -m controller.release`, before an uninstall):
   kopf guards those with no finalizer, and takes it off one that still has it.
@@ -54,6 +55,7 @@ async def review(job: dict[str, Any], memo: kopf.Memo, rayjobs_by_job: Mapping[s
         verdict = await reconcile.launch(job, rayjobs_by_job.get((job["metadata"]["namespace"], uid), []), ctx,
                                          memo.keeper.accept, lambda rayjob: memo.keeper.sync(uid, created=rayjob))
     memo.keeper.note_verdict(uid, verdict, job["metadata"].get("generation") or 0)
+    memo.scheduler.wake(uid)
     memo.refusals.note(job, verdict)
     if not verdict.accepted:
         # An accepted job's status follows its RayJob's watch events instead.
@@ -67,12 +69,15 @@ async def start_background(memo: kopf.Memo, jobs_by_uid: kopf.Index, rayjobs_by_
     ctx: reconcile.Context = memo.context
     memo.keeper.attach(jobs_by_uid, rayjobs_by_job)
     memo.keeper.start()
+    memo.scheduler.attach(jobs_by_uid)
+    memo.scheduler.start()
     memo.refusals.start(ctx.settings.retry_delay_seconds, lambda job: review(job, memo, rayjobs_by_job))
 
 
 @kopf.on.cleanup()
 async def stop_background(memo: kopf.Memo, **_: Any) -> None:
     memo.keeper.stop()
+    memo.scheduler.stop()
     memo.refusals.stop()
 
 
@@ -98,6 +103,7 @@ async def launch(body: kopf.Body, memo: kopf.Memo, rayjobs_by_job: kopf.Index, l
 async def cleanup(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     ctx: reconcile.Context = memo.context
     memo.keeper.forget(body.metadata.uid)
+    memo.scheduler.forget(body.metadata.uid)
     memo.refusals.forget(body.metadata.uid)
     with metrics.reconcile("cleanup"):
         gone = await reconcile.cleanup(plain(body), ctx)

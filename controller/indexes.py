@@ -13,6 +13,7 @@ from embedjob import api
 
 from . import queueing
 from .rayjob import LABEL_JOB_NAME, LABEL_JOB_UID
+from .scheduled_runs import ANNOTATION_SCHEDULED_TIME, LABEL_SCHEDULED_BY_UID
 
 
 def job_entry(job: dict[str, Any]) -> dict[str, Any]:
@@ -23,9 +24,16 @@ def job_entry(job: dict[str, Any]) -> dict[str, Any]:
             "apiVersion": api.API_VERSION,
             "kind": api.KIND,
             "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
-                         "generation": meta.get("generation"), "deletionTimestamp": meta.get("deletionTimestamp")},
+                         "generation": meta.get("generation"), "deletionTimestamp": meta.get("deletionTimestamp"),
+                         "creationTimestamp": meta.get("creationTimestamp"),
+                         # a scheduled job's run: whose, and for which tick (controller.scheduled_runs)
+                         "labels": {key: value for key, value in (meta.get("labels") or {}).items()
+                                    if key == LABEL_SCHEDULED_BY_UID},
+                         "annotations": {key: value for key, value in (meta.get("annotations") or {}).items()
+                                         if key == ANNOTATION_SCHEDULED_TIME}},
             "spec": {"suspend": spec.get("suspend", False),
                      "clusterSelector": copy.deepcopy(spec.get("clusterSelector")),
+                     "schedule": copy.deepcopy(spec.get("schedule")),
                      # what the job writes: its last success is the sync of this collection (job_metrics)
                      "sink": {key: (spec.get("sink") or {}).get(key) for key in ("table", "collection")}},
             "status": copy.deepcopy(job.get("status") or {}),

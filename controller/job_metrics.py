@@ -19,7 +19,8 @@ JOB_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "embedjob_job_state": ("1 for the job's current state (status.state), one series per job.",
                            ("namespace", "embeddingjob", "state")),
     "embedjob_job_last_success_timestamp_seconds": (
-        "When the job completed (status.completionTime, Unix seconds); a job that has not completed has none.",
+        "When the job completed (status.completionTime, Unix seconds); a scheduled job: when its latest "
+        "completed run did (status.schedule.lastSuccessfulTime); a job that has not completed has none.",
         ("namespace", "embeddingjob", "vectors_table", "collection")),
     "embedjob_job_records": ("The newest run's record counters (status.progress), by outcome.",
                              ("namespace", "embeddingjob", "outcome")),
@@ -41,8 +42,12 @@ def job_samples(meta: Mapping[str, Any], spec: Mapping[str, Any], status: Mappin
     state = status.get("state")
     if state:
         samples["embedjob_job_state", (*job, state)] = 1.0
-    completed = _unix_seconds(status.get("completionTime"))
-    if state == JobState.complete.value and completed is not None:
+    schedule = status.get("schedule")
+    if state == JobState.complete.value:
+        completed = _unix_seconds(status.get("completionTime"))
+    else:  # a scheduled job: its latest completed run's, kept after the history limit deletes that run
+        completed = _unix_seconds(schedule.get("lastSuccessfulTime")) if isinstance(schedule, Mapping) else None
+    if completed is not None:
         sink = spec.get("sink") or {}
         samples["embedjob_job_last_success_timestamp_seconds",
                 (*job, str(sink.get("table") or ""), str(sink.get("collection") or ""))] = completed

@@ -12,6 +12,7 @@ from . import events, metrics, status
 from .acceptance import REVIEWED, Verdict
 from .kube import CONFLICT, FORBIDDEN
 from .reconcile import Context, job_ref, observe, own_rayjob
+from .scheduled_runs import LABEL_SCHEDULED_BY_UID, runs_of, schedule_spec
 
 log = logging.getLogger("controller.keeper")
 
@@ -96,7 +97,8 @@ class StatusKeeper:
                     # observedGeneration names a reviewed generation only: an edit not reviewed yet is not observed
                     verdict, reviewed = self._verdicts.get(uid, (None, None))
                     generation = reviewed or current.get("observedGeneration") or job["metadata"].get("generation") or 0
-                    obs = await observe(job, current, rayjob, verdict, generation, self._ctx)
+                    runs = runs_of(uid, self._all_jobs()) if schedule_spec(job["spec"]) is not None else None
+                    obs = await observe(job, current, rayjob, verdict, generation, self._ctx, runs)
                     stored, changes = await sync_status(job, current, obs, self._ctx)
             except ApiException as exc:
                 # with watchNamespaces, the namespace controller may delete the RoleBinding before the job
@@ -109,6 +111,20 @@ class StatusKeeper:
             self._ctx.job_states.observe(uid, job, stored)
             if status.is_final(stored) and not status.is_final(current):
                 self._ctx.pool_released(job["spec"])
+        # a scheduled job's run changed state: the job's status lists its runs
+        scheduler = job["metadata"].get("labels", {}).get(LABEL_SCHEDULED_BY_UID)
+        if scheduler and stored.get("state") != current.get("state"):
+            await self.sync(scheduler)
+
+    def _all_jobs(self) -> list[dict[str, Any]]:
+        """Every watched job, with the status this keeper wrote last where it is fresher."""
+        return [{**job, "status": self._written.get(uid, job.get("status") or {})}
+                for uid, jobs in self._jobs.items() for job in jobs]
+
+    def stored_status(self, uid: str) -> dict[str, Any]:
+        """The job's status as this keeper last wrote it (fresher than the watched one), else as watched."""
+        job = self._live_job(uid)
+        return self._written.get(uid, (job or {}).get("status") or {})
 
     async def accept(self, job: dict[str, Any]) -> bool:
         """Write Accepted=True (ReviewPassed) for the version of the job just reviewed, guarded by its

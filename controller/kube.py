@@ -68,17 +68,23 @@ class KubeApi:
             raise
         return {"data": secret.data or {}}
 
-    async def create_or_get_rayjob(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Create the RayJob; if one of that name exists already, return that one."""
+    async def _create_or_get(self, group: str, version: str, plural: str, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create the custom object; if one of that name exists already, return that one."""
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
         try:
-            return await self._call(
-                self._custom.create_namespaced_custom_object, RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, manifest
-            )
+            return await self._call(self._custom.create_namespaced_custom_object, group, version, namespace, plural,
+                                    manifest)
         except ApiException as exc:
             if exc.status != CONFLICT:
                 raise
-        return await self._get_custom(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name)
+        return await self._get_custom(group, version, namespace, plural, name)
+
+    async def create_or_get_rayjob(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        return await self._create_or_get(RAY_GROUP, RAY_VERSION, RAY_PLURAL, manifest)
+
+    async def create_or_get_job(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """A scheduled job's run (controller.scheduled_runs)."""
+        return await self._create_or_get(api.GROUP, api.VERSION, api.PLURAL, manifest)
 
     async def set_rayjob_suspend(self, namespace: str, name: str, uid: str, suspend: bool) -> None:
         """Set the RayJob's spec.suspend, if it is still the object `uid` (metadata.uid is immutable:
@@ -102,18 +108,24 @@ class KubeApi:
     async def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._get_custom(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name)
 
-    async def delete_rayjob(self, namespace: str, name: str, uid: str) -> None:
-        """Ask for the deletion of the RayJob, only if it is the object `uid` (a precondition); one
+    async def _delete(self, group: str, version: str, plural: str, namespace: str, name: str, uid: str | None) -> None:
+        """Ask for the deletion of the object, only if it is the object `uid` (a precondition); one
         already gone, or replaced by another of that name, is left as it is."""
         try:
             await self._call(
-                self._custom.delete_namespaced_custom_object,
-                RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, propagation_policy="Background",
-                body={"preconditions": {"uid": uid}},
+                self._custom.delete_namespaced_custom_object, group, version, namespace, plural, name,
+                propagation_policy="Background", body={"preconditions": {"uid": uid}} if uid else None,
             )
         except ApiException as exc:
             if exc.status not in (NOT_FOUND, CONFLICT):
                 raise
+
+    async def delete_rayjob(self, namespace: str, name: str, uid: str) -> None:
+        await self._delete(RAY_GROUP, RAY_VERSION, RAY_PLURAL, namespace, name, uid)
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        """A scheduled job's run (its own finalizer deletes its RayJob)."""
+        await self._delete(api.GROUP, api.VERSION, api.PLURAL, namespace, name, None)
 
     async def get_raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._get_custom(RAY_GROUP, RAY_VERSION, namespace, RAYCLUSTERS, name)

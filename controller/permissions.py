@@ -33,9 +33,10 @@ class Rule:
 
 # In the watched namespaces.
 NAMESPACED_RULES = (
-    Rule((api.GROUP,), (api.PLURAL,), ("get", "list", "watch", "patch"),
+    Rule((api.GROUP,), (api.PLURAL,), ("get", "list", "watch", "patch", "create", "delete"),
          "kopf watches the jobs and patches their finalizer and its embedjob.dev/* annotations; "
-         "a refused job is read again before each re-review"),
+         "a refused job is read again before each re-review; a scheduled job's runs are jobs the operator "
+         "creates at their ticks and deletes (history limits, Replace, the scheduled job's deletion)"),
     Rule((api.GROUP,), (f"{api.PLURAL}/status",), ("patch",), "the operator writes status and conditions"),
     Rule((RAY_GROUP,), ("rayjobs",), ("get", "list", "watch", "create", "patch", "delete"),
          "one RayJob per job: created, watched for status, suspended/resumed, deleted by the finalizer"),

@@ -18,13 +18,14 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from kubernetes.client.exceptions import ApiException
 
-from . import acceptance, queueing, status, waiting
+from . import acceptance, queueing, scheduled_runs, status, waiting
 from .acceptance import ACCEPTED, Verdict
 from .kube import KubeApi
 from .metrics import JobStates
 from .pool_sweeper import PoolSweeper
 from .rayjob import build_rayjob, owned_by, rayjob_name
 from .run_reader import RunReader, RunUnavailable
+from .schedule_plan import Run
 from .settings import Settings
 
 # KubeRay deployment states in which the driver reports progress (or has reported its last).
@@ -93,8 +94,12 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
                    or acceptance.review(parsed, secret, raycluster, ctx.settings.pod_policy))
         if not verdict.accepted:
             return verdict
+        if (too_long := acceptance.check_scheduled_name(meta["name"], parsed)) is not None:
+            return too_long
         if not status.accepted(job.get("status") or {}) and not await accept(job):
             raise SpecChanged(f"generation {meta.get('generation')} was edited during its review")
+        if parsed.schedule is not None:
+            return ACCEPTED  # no RayJob of its own: controller.scheduler starts its runs
         manifest = build_rayjob(job, parsed, ctx.settings)
         try:
             rayjob = await ctx.kube.create_or_get_rayjob(manifest)
@@ -164,8 +169,17 @@ async def observe_waiting(job: dict[str, Any], rayjob: dict[str, Any] | None,
 
 
 async def observe(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str, Any] | None,
-                  verdict: Verdict | None, generation: int, ctx: Context) -> status.Observation:
-    """What the status is computed from now; `generation`: the one the verdict was given for."""
+                  verdict: Verdict | None, generation: int, ctx: Context,
+                  runs: list[Run] | None = None) -> status.Observation:
+    """What the status is computed from now; `generation`: the one the verdict was given for; `runs`: a
+    scheduled job's (controller.scheduled_runs)."""
+    schedule = scheduled_runs.schedule_spec(job["spec"])
+    if schedule is not None and (status.accepted(current) or (verdict is not None and verdict.accepted)):
+        return status.Observation(
+            generation=generation, suspend=bool(job["spec"].get("suspend")), verdict=verdict, rayjob=None, run=None,
+            progress_error=None, now=_now(),
+            schedule=scheduled_runs.view(current, schedule, bool(job["spec"].get("suspend")), runs or [],
+                                         dt.datetime.now(dt.UTC)))
     run, progress_error = None, None
     deployment = ((rayjob or {}).get("status") or {}).get("jobDeploymentStatus")
     deleted = await rayjob_deleted(job, current, rayjob, ctx)
@@ -203,6 +217,12 @@ async def cleanup(job: dict[str, Any], ctx: Context) -> bool:
     ctx.pool_released(job["spec"])
     namespace = meta["namespace"]
     if await ctx.kube.namespace_terminating(namespace):
+        return True
+    if scheduled_runs.schedule_spec(job["spec"]) is not None:
+        # its runs go with it (each one's own finalizer deletes its RayJob); it has no RayJob of its own
+        for run in await ctx.kube.list_jobs(namespace):
+            if (run["metadata"].get("labels") or {}).get(scheduled_runs.LABEL_SCHEDULED_BY_UID) == meta["uid"]:
+                await ctx.kube.delete_job(namespace, run["metadata"]["name"])
         return True
     name = (job.get("status") or {}).get("rayJobName") or rayjob_name(meta["name"], meta["uid"])
     deadline = time.monotonic() + ctx.settings.cleanup_timeout_seconds

@@ -10,31 +10,23 @@ form: it cannot hold a field the CRD does not declare). Its Events: `controller.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from embedjob.api import ApiModel, RunCounters
-from embedjob.api_status import Condition, EmbeddingJobStatus, JobState, Progress
-from embedjob.contract import EXIT_REASONS, LOGS_HINT
+from embedjob.api_status import Condition, EmbeddingJobStatus, JobState, Progress, ScheduleStatus
 
 from . import queueing
 from .acceptance import ACCEPTED, Verdict
-from .rayjob import LABEL_JOB_NAME
 from .run_reader import RunRow
+from .failures import failure, shorten as _short, with_logs_hint as _with_logs_hint
 from .waiting import STUCK_REASONS, Waiting
 
 CONDITION_TYPES = ("Accepted", "Running", "Complete", "Failed", "Suspended")
 # Only a job in a Kueue queue has it (controller.queueing).
 QUEUED_CONDITION = "Queued"
 FINAL_STATES = (JobState.complete.value, JobState.failed.value)
-MAX_MESSAGE = 1024
 MAX_MIRRORED_MESSAGE = 4096
-
-# The driver's exit code as KubeRay reports it in the RayJob's message
-# ("Job entrypoint command failed with exit code 2, ...").
-EXIT_CODE = re.compile(r"exit code (\d+)")
-
 
 @dataclass(frozen=True)
 class Phase:
@@ -56,11 +48,7 @@ class Observation:
     now: str  # RFC 3339, UTC
     rayjob_deleted: bool = False  # it existed (status.rayJobName) and the API server confirms it is gone
     waiting: Waiting | None = None  # what a job not started yet waits for (its RayCluster and pods)
-
-
-def _short(text: str | None, limit: int = MAX_MESSAGE) -> str:
-    text = (text or "").strip()
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    schedule: tuple[Phase, ScheduleStatus] | None = None  # a job with spec.schedule: controller.scheduled_runs
 
 
 def _wire(model: ApiModel) -> dict[str, Any]:
@@ -90,31 +78,6 @@ def progress_of(run: RunRow) -> dict[str, Any]:
     return _wire(Progress(**counters, summary=_summary(run), prompt=run.prompt, revision_state=run.revision_state,
                           revision=f"{run.model}@{run.revision}" if run.model else None,
                           ready_revision=run.ready_revision, rows_read=run.rows_read))
-
-
-def failure(rayjob_status: dict[str, Any], run: RunRow | None) -> tuple[str, str]:
-    """The most specific reason a finished RayJob did not succeed, and a message."""
-    message = _short(rayjob_status.get("message"))
-    if run is not None and run.state == "failed" and run.reason:
-        return run.reason, _short(run.error) or message
-    if rayjob_status.get("reason") in ("DeadlineExceeded", "PreRunningDeadlineExceeded"):
-        return "DeadlineExceeded", message
-    exit_code = EXIT_CODE.search(message)
-    if exit_code and int(exit_code.group(1)) in EXIT_REASONS:
-        return EXIT_REASONS[int(exit_code.group(1))], message
-    if rayjob_status.get("jobStatus") == "STOPPED":
-        return "RayJobStopped", message
-    return "RayJobFailed", message or f"RayJob {rayjob_status.get('jobDeploymentStatus', '')}".strip()
-
-
-def _with_logs_hint(message: str, rayjob: dict[str, Any]) -> str:
-    """A failed job's message, ending with where its driver's log is (whole, however long the message)."""
-    meta = rayjob.get("metadata") or {}
-    name = (meta.get("labels") or {}).get(LABEL_JOB_NAME)
-    if not name:
-        return message
-    hint = LOGS_HINT.format(name=name, namespace=meta.get("namespace", "default"))
-    return f"{_short(message, MAX_MESSAGE - len(hint) - 2)}; {hint}" if message else hint
 
 
 def _running_message(obs: Observation) -> str:
@@ -158,6 +121,8 @@ def _without_rayjob(current: dict[str, Any], run: RunRow | None) -> Phase:
 
 
 def phase(current: dict[str, Any], obs: Observation) -> Phase:
+    if obs.schedule is not None:
+        return obs.schedule[0]
     if is_final(current):
         state = _stored(current, "state")
         final = find_condition(current, state) or {}
@@ -282,6 +247,7 @@ def desired_status(current: dict[str, Any], obs: Observation) -> dict[str, Any] 
         start_time=_stored(current, "start_time") or _start_time(ph, obs),
         completion_time=_stored(current, "completion_time")
         or ((mirrored.get("endTime") or obs.now) if ph.state in FINAL_STATES else None),
+        schedule=obs.schedule[1] if obs.schedule else None,
     )
     return _wire(desired)
 

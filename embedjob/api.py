@@ -27,6 +27,7 @@ from .api_model import HALF_PRECISIONS, Model, ModelBackend, ModelPrecision, Mod
 from .api_batching import Batching, ChosenBatching, choose_batching
 from .api_sections import FULL_SCAN_NEEDS_CHANGES, MAX_METADATA_BYTES, ApiModel, Chunking, Retry, Source, Sync, Workers
 from .api_sink import HNSW_DEFAULT_EF_CONSTRUCTION, HNSW_DEFAULT_M, IndexType, Sink, VectorIndex
+from .api_schedule import MAX_SCHEDULED_NAME, Schedule
 from .api_table import NULL_OPS, SOURCE_IDENTIFIER, SourceTable, TableFilter
 
 # The facade: what the operator, the driver and the CLI import, from here (the status model is
@@ -34,11 +35,12 @@ from .api_table import NULL_OPS, SOURCE_IDENTIFIER, SourceTable, TableFilter
 __all__ = [
     "API_VERSION", "DEFAULT_TTL_SECONDS_AFTER_FINISHED", "DNS_LABEL", "DNS_SUBDOMAIN", "GROUP", "HALF_NEEDS_GPU",
     "HALF_PRECISIONS", "HEAD_CONTAINER", "HNSW_DEFAULT_EF_CONSTRUCTION", "HNSW_DEFAULT_M", "KIND", "MAX_METADATA_BYTES",
-    "NULL_OPS",
+    "MAX_SCHEDULED_NAME", "NULL_OPS",
     "PLURAL", "RAY_CLUSTER_SELECTOR_KEY", "RESERVED_ENV_PREFIX", "SHORT_NAMES", "SINGULAR", "SOURCE_IDENTIFIER",
     "VERSION", "WORKER_CONTAINER", "CHUNK_WITHIN_MODEL", "OVERLAP_WITHIN_MODEL",
     "ApiModel", "Batching", "ChosenBatching", "Chunking", "EmbeddingJobSpec", "Head", "IndexType", "Model",
-    "ModelBackend", "ModelPrecision", "ModelPrompt", "PodDefaults", "Retry", "RunCounters", "SecretKeyRef", "Sink", "Source",
+    "ModelBackend", "ModelPrecision", "ModelPrompt", "PodDefaults", "Retry", "RunCounters", "Schedule", "SecretKeyRef",
+    "Sink", "Source",
     "SourceTable", "SpecError", "Sync", "TableFilter", "VectorIndex", "Workers", "choose_batching", "parse_spec",
 ]
 
@@ -92,7 +94,7 @@ class EmbeddingJobSpec(ApiModel):
                     ".clusterSelector",
                 ),
                 cel(
-                    "!has(self.clusterSelector) || !self.suspend",
+                    "!has(self.clusterSelector) || !self.suspend || has(self.schedule)",
                     "a job on an existing cluster (clusterSelector) cannot be suspended",
                     ".suspend",
                 ),
@@ -123,9 +125,9 @@ class EmbeddingJobSpec(ApiModel):
                     "a job in a Kueue queue (queueName) runs on its own cluster; unset clusterSelector",
                     ".queueName",
                 ),
-                # Kueue starts and stops a queued job (it unsuspends an admitted one).
+                # Kueue starts and stops a queued job (it unsuspends an admitted one); a schedule's suspend is its own.
                 cel(
-                    "!has(self.queueName) || !self.suspend",
+                    "!has(self.queueName) || !self.suspend || has(self.schedule)",
                     "a job in a Kueue queue (queueName) is started and stopped by Kueue; unset suspend "
                     "(deactivate its Workload to hold it: docs/kueue.md)",
                     ".suspend",
@@ -169,8 +171,10 @@ class EmbeddingJobSpec(ApiModel):
     suspend: bool = Field(
         False,
         description="true stops the job (its RayCluster is deleted) or keeps it from starting; false resumes "
-        "it on a new cluster, skipping the batches already written. Not with clusterSelector.",
+        "it on a new cluster, skipping the batches already written. Not with clusterSelector. With schedule: "
+        "true starts no run until it is false again.",
     )
+    schedule: Schedule | None = Field(None, description="Run on a cron schedule, as a CronJob (docs/schedules.md).")
     cluster_selector: dict[str, Annotated[str, Field(min_length=1, max_length=63, pattern=LABEL_VALUE)]] | None = Field(
         None,
         json_schema_extra={"maxProperties": 16},

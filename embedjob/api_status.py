@@ -38,6 +38,31 @@ class JobState(str, Enum):
     suspended = "Suspended"
     complete = "Complete"
     failed = "Failed"
+    scheduled = "Scheduled"  # a job with spec.schedule between its runs (it never completes)
+
+
+class ScheduledRun(ApiModel):
+    """One run a schedule started: a child EmbeddingJob of the same namespace."""
+
+    name: str = Field(max_length=63, description="The run's EmbeddingJob.")
+    scheduled_time: str = Field(json_schema_extra={"format": "date-time"}, description="The tick it ran for.")
+    state: str | None = Field(None, max_length=16, description="Its status.state.")
+    completion_time: str | None = Field(None, json_schema_extra={"format": "date-time"},
+                                        description="When it finished.")
+
+
+class ScheduleStatus(ApiModel):
+    """Where a job with spec.schedule stands (docs/schedules.md)."""
+
+    last_schedule_time: str | None = Field(None, json_schema_extra={"format": "date-time"},
+                                           description="The latest tick a run was started for.")
+    last_successful_time: str | None = Field(None, json_schema_extra={"format": "date-time"},
+                                             description="When the latest run that completed finished.")
+    next_schedule_time: str | None = Field(None, json_schema_extra={"format": "date-time"},
+                                           description="The next tick (none while suspended).")
+    active: list[str] = Field(default_factory=list, max_length=16, description="Runs not finished yet.")
+    runs: list[ScheduledRun] = Field(default_factory=list, max_length=210,
+                                     description="The runs kept (history limits), newest first.")
 
 
 class Progress(RunCounters):
@@ -68,7 +93,8 @@ class EmbeddingJobStatus(ApiModel):
     observed_generation: int | None = Field(None, ge=0, description="The metadata.generation the operator last "
                                             "reviewed.")
     state: JobState | None = Field(None, description="One-word summary of the conditions: Pending, Queued (waiting "
-                                   "for Kueue to admit it), Running, Suspended, Complete or Failed.")
+                                   "for Kueue to admit it), Running, Suspended, Complete or Failed; Scheduled for a "
+                                   "job with spec.schedule between its runs.")
     reason: str | None = Field(
         None, max_length=1024, description="Reason of the condition behind `state`, e.g. SecretNotFound."
     )
@@ -100,3 +126,4 @@ class EmbeddingJobStatus(ApiModel):
                                    description="When the job started running.")
     completion_time: str | None = Field(None, json_schema_extra={"format": "date-time"},
                                         description="When the job finished (Complete or Failed).")
+    schedule: ScheduleStatus | None = None  # described by ScheduleStatus's docstring

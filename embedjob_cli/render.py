@@ -16,6 +16,7 @@ driver will choose (`EmbeddingJobSpec.chosen_batching`: a token budget by defaul
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import sys
 from typing import Any, Mapping
@@ -24,9 +25,11 @@ import yaml
 
 from controller import acceptance
 from controller.rayjob import build_rayjob
+from controller.scheduled_runs import run_manifest
 from controller.settings import POD_DEFAULTS_ENV, POD_DEFAULTS_FILE_ENV, POD_POLICY_ENV, Settings, SettingsError
 from embedjob.api import EmbeddingJobSpec, SpecError
 from embedjob.crd import spec_as_stored
+from embedjob.cron import next_tick, parse, zone
 from embedjob.contract import ExitCode
 from embedjob.manifest import load_manifest
 
@@ -55,13 +58,19 @@ def _rendered(manifest: dict[str, Any], settings: Settings, uid: str,
     parsed = acceptance.parse(manifest["spec"])
     if isinstance(parsed, acceptance.Verdict):
         raise RenderRefused(parsed)
-    refused = acceptance.review_without_cluster(parsed, settings.pod_policy)
+    refused = (acceptance.check_scheduled_name(manifest["metadata"].get("name", ""), parsed)
+               or acceptance.review_without_cluster(parsed, settings.pod_policy))
     if refused is not None:
         raise RenderRefused(refused)
     metadata = {**manifest["metadata"], "uid": uid}
     metadata["namespace"] = namespace or metadata.get("namespace") or "default"
     # the entrypoint carries the spec as the operator reads it: as stored, defaults applied
     stored = {**manifest, "metadata": metadata, "spec": spec_as_stored(manifest["spec"])}
+    if parsed.schedule is not None:  # the operator creates no RayJob for it, one per run: the next tick's run's
+        tick = next_tick(parse(parsed.schedule.cron), zone(parsed.schedule.time_zone), dt.datetime.now(dt.UTC))
+        stored = run_manifest(stored, tick)
+        stored["metadata"]["uid"] = uid
+        parsed = parsed.model_copy(update={"schedule": None, "suspend": False})
     return build_rayjob(stored, parsed, settings), parsed
 
 

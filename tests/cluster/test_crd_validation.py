@@ -98,6 +98,13 @@ MALFORMED = [
      "spec.sync.fullScanEvery"),
     ("full-scans-without-delete-missing", {"source": {"uri": None, "table": {**TABLE, "changeColumn": "at"}},
                                            "sync": {"fullScanEvery": 3}}, "spec.sync.fullScanEvery"),
+    ("schedule-allow", {"schedule": {"cron": "@daily", "concurrencyPolicy": "Allow"}},
+     "spec.schedule.concurrencyPolicy"),
+    ("schedule-zone", {"schedule": {"cron": "@daily", "timeZone": "../etc/passwd"}}, "spec.schedule.timeZone"),
+    ("schedule-history", {"schedule": {"cron": "@daily", "failedRunsHistoryLimit": 101}},
+     "spec.schedule.failedRunsHistoryLimit"),
+    ("schedule-no-cron", {"schedule": {"timeZone": "UTC"}}, "spec.schedule.cron"),
+    ("queued-suspend-without-schedule", {"queueName": "q", "suspend": True}, "spec.suspend"),
 ]
 
 
@@ -140,6 +147,11 @@ def test_valid_variants_are_accepted(kube, namespace):
                                                         {"column": "deleted_at", "op": "isNull"}]}},
                        "sync": {"deleteMissing": True}},
         "table-changes": {"source": {"uri": None, "table": {**TABLE, "changeColumn": "updated_at"}}},
+        "scheduled": {"schedule": {"cron": "*/15 * * * *", "timeZone": "Europe/Berlin", "startingDeadlineSeconds": 600}},
+        # a schedule's suspend pauses the schedule: allowed with a queue or an existing cluster
+        "scheduled-queued-suspended": {"schedule": {"cron": "@hourly"}, "queueName": "q", "suspend": True},
+        "scheduled-shared-suspended": {"schedule": {"cron": "@hourly"}, "suspend": True,
+                                       "clusterSelector": {"ray.io/cluster": "shared-ray"}},
         "table-changes-full-scans": {"source": {"uri": None, "table": {**TABLE, "changeColumn": "updated_at",
                                                                        "changeSkewSeconds": 0}},
                                      "sync": {"deleteMissing": True, "fullScanEvery": 24}},

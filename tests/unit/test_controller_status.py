@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from controller import acceptance, events, indexes, status
+from controller import acceptance, events, failures, indexes, status
 from controller.rayjob import build_rayjob
 from controller.settings import Settings
 from controller.acceptance import ACCEPTED, Verdict
@@ -261,7 +261,7 @@ def test_failed_message_says_where_the_drivers_log_is():
     failed = next(c for c in st["conditions"] if c["type"] == "Failed")
     assert failed["message"].startswith("Job entrypoint command failed with exit code 1")
     assert failed["message"].endswith("; the driver's log: `embedjob logs pep -n team-a` (docs/troubleshooting.md)")
-    assert len(failed["message"]) <= status.MAX_MESSAGE
+    assert len(failed["message"]) <= failures.MAX_MESSAGE
 
 
 @pytest.mark.parametrize("deployment", ["Retrying", "New", "Initializing"])

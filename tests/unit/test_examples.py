@@ -50,3 +50,11 @@ def test_the_storage_example_keeps_its_model_uri_and_dataset_in_the_entrypoint()
     spec = decode_job_config(encoded)["spec"]
     assert spec["source"]["uri"] == "s3://my-corpus/paragraphs/2026/"
     assert (spec["model"]["uri"], spec["model"]["revision"]) == ("s3://my-models/e5-small/", "7e54b3bcd8c7bda9")
+
+
+def test_a_scheduled_example_renders_its_next_runs_rayjob():
+    rayjob = render(load_manifest(REPO / "examples" / "scheduled-sync.yaml"), Settings.from_env({}))
+    job_name = rayjob["metadata"]["labels"]["embedjob.dev/job-name"]
+    assert job_name.startswith("scheduled-sync-") and job_name.rsplit("-", 1)[1].isdigit()
+    encoded = rayjob["spec"]["entrypoint"].split("--config-b64", 1)[1].split()[0]
+    assert "schedule" not in decode_job_config(encoded)["spec"]  # a run's spec

@@ -74,3 +74,13 @@ def test_the_series_follow_the_job_and_go_with_it():
         assert _value("embedjob_job_records", namespace="team-a", embeddingjob="pep", outcome=outcome) is None
     assert _value("embedjob_job_state", namespace="team-a", embeddingjob="pep", state="Complete") is None
     assert states._samples == {} and states._states == {}
+
+
+def test_a_scheduled_jobs_last_success_is_its_latest_completed_runs():
+    status = {"state": "Scheduled", "schedule": {"lastSuccessfulTime": "2026-12-05T10:00:00Z"}}
+    samples = job_samples(META, SPEC, status)
+    assert samples[("embedjob_job_last_success_timestamp_seconds", ("team-a", "pep", "pep_vectors", "docs"))] == (
+        1796464800.0)
+    assert ("embedjob_job_state", ("team-a", "pep", "Scheduled")) in samples
+    assert job_samples(META, SPEC, {"state": "Scheduled", "schedule": "garbage"}) == {
+        ("embedjob_job_state", ("team-a", "pep", "Scheduled")): 1.0}
