@@ -9,10 +9,11 @@ also carries the vectors table and collection, so that the sync lag of a collect
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Mapping
 
 from embedjob.api_status import JobState
+
+from .times import parse_time
 
 #: metric name -> (help, label names). The operator declares these gauges from this table.
 JOB_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -66,11 +67,5 @@ def _number(value: Any) -> bool:
 
 
 def _unix_seconds(timestamp: Any) -> float | None:
-    """An RFC 3339 time as Unix seconds; None for anything else (a status is not trusted to be well formed)."""
-    if not isinstance(timestamp, str):
-        return None
-    try:
-        moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment.timestamp() if moment.tzinfo is not None else None
+    moment = parse_time(timestamp)
+    return moment.timestamp() if moment is not None else None

@@ -20,6 +20,8 @@ from datetime import datetime, timedelta
 from embedjob.api_status import JobState
 from embedjob.cron import latest_missed, next_tick, parse, zone
 
+from .times import rfc3339
+
 FINISHED = (JobState.complete.value, JobState.failed.value)
 # Look again at least this often (a clock step, an operator that missed a wake-up), at most this rarely.
 LOOK_AGAIN_S = (1.0, 300.0)
@@ -91,7 +93,7 @@ def plan(job: str, spec: ScheduleSpec, suspended: bool, created: datetime, last_
         if since < earliest:
             skipped, _ = latest_missed(cron, tz, since, earliest, 0)
             if skipped is not None:
-                events.append(("MissedSchedule", f"tick {_iso(skipped)} is past startingDeadlineSeconds "
+                events.append(("MissedSchedule", f"tick {rfc3339(skipped)} is past startingDeadlineSeconds "
                                f"({spec.starting_deadline_seconds}); it is not started"))
             since = earliest
     tick, missed = latest_missed(cron, tz, since, now, MISSED_LIMIT)
@@ -102,10 +104,10 @@ def plan(job: str, spec: ScheduleSpec, suspended: bool, created: datetime, last_
         return Plan(delete=delete, next_tick=upcoming, look_again_s=look_again, events=events)
     if missed > MISSED_LIMIT:
         events.append(("TooManyMissedTimes", f"more than {MISSED_LIMIT} ticks were missed; only the latest, "
-                       f"{_iso(tick)}, is started (set startingDeadlineSeconds to bound them)"))
+                       f"{rfc3339(tick)}, is started (set startingDeadlineSeconds to bound them)"))
     if active and spec.concurrency_policy == "Forbid":
         return Plan(delete=delete, missed=missed, next_tick=upcoming, events=events,
-                    waiting=f"run {active[0].name} is active (concurrencyPolicy Forbid): tick {_iso(tick)} "
+                    waiting=f"run {active[0].name} is active (concurrencyPolicy Forbid): tick {rfc3339(tick)} "
                     "starts when it ends", look_again_s=look_again)
     replaced = tuple(run.name for run in active) if spec.concurrency_policy == "Replace" else ()
     return Plan(start=tick, start_name=name, delete=replaced + delete, missed=missed, next_tick=upcoming,
@@ -120,7 +122,3 @@ def _beyond_history(runs: list[Run], spec: ScheduleSpec) -> tuple[str, ...]:
         done = sorted((run for run in runs if run.state == state), key=lambda run: run.scheduled, reverse=True)
         doomed += [run.name for run in reversed(done[keep:])]
     return tuple(doomed)
-
-
-def _iso(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

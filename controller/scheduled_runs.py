@@ -8,7 +8,7 @@ Each run goes the way of any job (review, its one RayJob, Kueue, its own status 
 from __future__ import annotations
 
 import copy
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Iterable
 
 from embedjob import api
@@ -18,6 +18,7 @@ from embedjob.cron import next_tick, parse, zone
 from .rayjob import LABEL_MANAGED_BY, MANAGED_BY
 from .schedule_plan import FINISHED, Run, ScheduleSpec, run_name
 from .status import Phase
+from .times import parse_time, rfc3339
 
 LABEL_SCHEDULED_BY_UID = "embedjob.dev/scheduled-by-uid"
 LABEL_SCHEDULED_BY = "embedjob.dev/scheduled-by"
@@ -105,17 +106,3 @@ def view(current: dict[str, Any], spec: ScheduleSpec, suspend: bool, runs: list[
         phase = Phase(JobState.scheduled.value, "Scheduled",
                       f"next run at {schedule.next_schedule_time}" if upcoming else "the schedule has no next tick")
     return phase, schedule
-
-
-def parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo is not None else None
-
-
-def rfc3339(moment: datetime | None) -> str | None:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if moment is not None else None

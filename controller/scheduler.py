@@ -20,7 +20,8 @@ from . import metrics, status
 from .keeper import StatusKeeper
 from .reconcile import Context, job_ref
 from .schedule_plan import plan
-from .scheduled_runs import last_scheduled, parse_time, rfc3339, run_manifest, runs_of, schedule_spec
+from .scheduled_runs import last_scheduled, run_manifest, runs_of, schedule_spec
+from .times import parse_time, rfc3339
 
 log = logging.getLogger("controller.scheduler")
 
