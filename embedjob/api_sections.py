@@ -243,7 +243,7 @@ class Retry(ApiModel):
 FULL_SCAN_NEEDS_CHANGES = (
     "!has(self.sync) || !has(self.sync.fullScanEvery) || (has(self.sync.deleteMissing) && self.sync.deleteMissing "
     "&& has(self.source.table) && has(self.source.table.changeColumn))",
-    "sync.fullScanEvery spaces the full reads of a table read by its changes: it needs sync.deleteMissing and "
+    "sync.fullScanEvery spaces the id scans of a table read by its changes: it needs sync.deleteMissing and "
     "source.table.changeColumn",
 )
 
@@ -258,8 +258,9 @@ class Sync(ApiModel):
     )
     full_scan_every: int | None = Field(
         None, ge=1, le=10_000, strict=True,
-        description="With deleteMissing and source.table.changeColumn: every this many runs, one reads every row "
-        "(the others only the rows changed, and delete nothing). Unset: 1, every run reads every row.",
+        description="With deleteMissing and source.table.changeColumn: every this many runs, one also reads every "
+        "id of the table (ids only, after the rows changed) and deletes the vectors of ids gone; the others delete "
+        "nothing. Unset: 1, every run scans the ids.",
     )
 
 

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from support.sql import query
 from test_table_source import create_docs, execute, table_manifest
 from embedjob_worker.core.config import JobConfig
+from embedjob_worker.source import table as table_source
 from embedjob_worker.run.job import DriverOptions, run_job
 
 pytestmark = pytest.mark.slow
@@ -110,23 +111,31 @@ def test_a_role_that_cannot_see_other_sessions_holds_the_watermark_and_the_next_
     assert window_of(database_url, third.run_id)["watermark"] is not None
 
 
-def test_with_delete_missing_only_every_full_scan_every_th_run_reads_every_id_and_deletes(ray_address,
-                                                                                          database_url):
+def test_with_delete_missing_every_full_scan_every_th_run_scans_the_ids_alone_and_deletes(ray_address, database_url,
+                                                                                          monkeypatch):
+    monkeypatch.setattr(table_source, "ID_PAGE_ROWS", 7)  # the id scan's pages end mid-table
     with_change_column(database_url, 40)
     job = JobConfig.from_manifest(changes_manifest("gone", sync={"deleteMissing": True, "fullScanEvery": 2}))
     assert run_job(job, database_url).state == "succeeded"
-    execute(database_url, "DELETE FROM docs WHERE id = 3")
+    execute(database_url, "DELETE FROM docs WHERE id = 3",
+            "UPDATE docs SET body = body || ' (edited)', updated_at = now() WHERE id = 5")
 
     window_run = run_job(job, database_url)  # reads the changes only: it cannot know which ids went
     assert window_run.state == "succeeded", window_run.error
-    assert (window_run.counters.records_total, window_run.counters.records_deleted) == (0, 0)
+    c = window_run.counters
+    assert (c.records_total, c.records_embedded, c.records_deleted) == (1, 1, 0), c  # the edited row alone
+    assert "idScan" not in window_of(database_url, window_run.run_id)
     assert query(database_url, "SELECT count(*) FROM embeddings WHERE record_id = '3'")[0][0] == 1
 
-    full_run = run_job(job, database_url)
-    assert full_run.state == "succeeded", full_run.error
-    assert (full_run.counters.records_total, full_run.counters.records_deleted) == (39, 1), full_run.counters
-    assert "fullScanEvery" in window_of(database_url, full_run.run_id)["whyFull"]
-    assert query(database_url, "SELECT count(*) FROM embeddings WHERE record_id = '3'")[0][0] == 0
+    execute(database_url, "DELETE FROM docs WHERE id = 4")
+    scan_run = run_job(job, database_url)  # the changes (none), then every id: the texts are not read again
+    assert scan_run.state == "succeeded", scan_run.error
+    assert (scan_run.counters.records_total, scan_run.counters.records_deleted) == (0, 2), scan_run.counters
+    recorded = window_of(database_url, scan_run.run_id)
+    assert recorded["readFrom"] is not None and "whyFull" not in recorded, recorded
+    assert "fullScanEvery" in recorded["idScan"] and recorded["windowRuns"] == 0, recorded
+    assert sorted(int(r) for r, in query(database_url, "SELECT record_id FROM embeddings")) == [
+        i for i in range(1, 41) if i not in (3, 4)]
 
 
 @pytest.mark.parametrize(("column_sql", "said"), [

@@ -96,16 +96,29 @@ def test_anything_that_leaves_vectors_unproven_makes_a_full_read_saying_why(prev
     assert why in window.why_full, window.why_full
 
 
-def test_delete_missing_reads_every_id_every_full_scan_every_runs():
+def test_delete_missing_scans_every_id_every_full_scan_every_runs_and_still_reads_only_the_changed_rows():
     sync = Sync(delete_missing=True, full_scan_every=3)
-    after_full = previous()
-    assert decide(after_full, sync=sync).window_runs == 1
-    second = previous(window={**after_full.change_window, "windowRuns": 1})
-    assert decide(second, sync=sync).window_runs == 2
-    third = decide(previous(window={**after_full.change_window, "windowRuns": 2}), sync=sync)
-    assert third.read_from is None and "every 3 runs" in third.why_full
-    every_run = decide(after_full, sync=Sync(delete_missing=True))  # unset: every run reads every id
-    assert every_run.read_from is None and "without sync.fullScanEvery reads every id in every run" in every_run.why_full
+    after_scan = previous()
+    first = decide(after_scan, sync=sync)
+    assert (first.window_runs, first.id_scan) == (1, None)
+    second = decide(previous(window={**after_scan.change_window, "windowRuns": 1}), sync=sync)
+    assert (second.window_runs, second.id_scan) == (2, None)
+    third = decide(previous(window={**after_scan.change_window, "windowRuns": 2}), sync=sync)
+    assert (third.read_from, third.window_runs, third.why_full) == (WATERMARK, 0, None)
+    assert "every 3 runs" in third.id_scan
+    every_run = decide(after_scan, sync=Sync(delete_missing=True))  # unset: every run scans every id
+    assert every_run.read_from == WATERMARK and "without sync.fullScanEvery" in every_run.id_scan
+    assert decide(after_scan).id_scan is None  # no deleteMissing: no id is needed
+
+
+def test_a_resumed_id_scan_run_scans_again_and_a_full_read_needs_no_scan():
+    scanning = {"column": "updated_at", "readFrom": WATERMARK.isoformat(), "windowRuns": 0, "idScan": "every run"}
+    resumed = decide(previous(state="running", window=scanning), revision_state="embedding", resumed=True,
+                     sync=Sync(delete_missing=True))
+    assert (resumed.read_from, resumed.id_scan) == (WATERMARK, "every run")
+    full = decide(previous(state="running", window={"column": "updated_at", "readFrom": None, "whyFull": "first",
+                                                     "idScan": "stale"}), resumed=True, sync=Sync(delete_missing=True))
+    assert (full.read_from, full.id_scan) == (None, None)
 
 
 def test_a_resumed_run_reads_the_rows_its_first_session_was_to_read():
@@ -131,6 +144,10 @@ def test_the_record_and_the_summary_say_what_was_read_and_what_is_left():
                                "watermark": (WATERMARK + timedelta(hours=1)).isoformat()}
     assert window.described() == ("changed since 2026-12-05T17:00:00+00:00 (or updated_at NULL); watermark left "
                                   "2026-12-05T18:00:00+00:00")
+    scanning = ChangeWindow("updated_at", WATERMARK, 0, 60, id_scan="sync.deleteMissing reads every id")
+    assert scanning.record()["idScan"] == "sync.deleteMissing reads every id"
+    assert scanning.described() == ("changed since 2026-12-05T17:00:00+00:00 (or updated_at NULL), and every id "
+                                    "(sync.deleteMissing reads every id); no watermark yet")
     window.hold("a standby")
     assert window.record()["watermark"] == WATERMARK.isoformat() and window.record()["held"] == "a standby"
     full = ChangeWindow("updated_at", None, 0, 60, why_full="first")

@@ -78,6 +78,11 @@ def test_the_query_quotes_every_identifier_and_binds_every_value():
                                                  'AND (source."id", source."id"::text COLLATE "C") > (%s, %s)' + order)
     assert queries.null_ids.as_string(None) == ('SELECT count(*) FROM "Sales"."docs" AS source WHERE ' + filtered +
                                                 'source."id" IS NULL')
+    ids = 'SELECT source."id"::text FROM "Sales"."docs" AS source WHERE '
+    ids_order = ' ORDER BY source."id", source."id"::text COLLATE "C" LIMIT %s'
+    assert queries.first_ids.as_string(None) == ids + filtered + 'source."id" IS NOT NULL' + ids_order
+    assert queries.next_ids.as_string(None) == (ids + filtered + 'source."id" IS NOT NULL AND source."id" >= %s '
+                                                'AND (source."id", source."id"::text COLLATE "C") > (%s, %s)' + ids_order)
     params = queries.params
     assert params == ["1", "8", hostile_value, "3"]
 

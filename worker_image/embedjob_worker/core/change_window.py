@@ -12,8 +12,8 @@ records, when that is safe; otherwise the run reads every row (a full read) and 
   known to have vectors;
 - the revision must have been `ready` or `embedding` when the run started: a retired revision's vectors may have
   been dropped in part (sink.revisions), and the rows of a dropped one are gone;
-- with sync.deleteMissing, every fullScanEvery-th run is a full read: only a run that read every id can tell
-  which are gone;
+- with sync.deleteMissing, every fullScanEvery-th run also reads every id, ids only (an id scan): only a run
+  that read every id can tell which are gone, and the ids are all it needs of the rows outside its window;
 - a resumed run reads from where its first session was to read (the window it recorded at its start).
 
 The watermark a read leaves is taken before its first page (source.change_watermark): the database's clock,
@@ -57,9 +57,10 @@ class ChangeWindow:
 
     column: str
     read_from: datetime | None
-    window_runs: int  # window reads since the last full read, this one included (0: this is a full read)
+    window_runs: int  # runs since the last one that read every id, this one included (0: this one does)
     skew_s: int
     why_full: str | None = None  # why this run reads every row
+    id_scan: str | None = None  # why this window read also reads every id of the table (sync.deleteMissing)
     watermark: datetime | None = None
     held: str | None = None  # why the watermark stays where the read started
 
@@ -68,6 +69,8 @@ class ChangeWindow:
         said = {"column": self.column, "readFrom": _iso(self.read_from), "windowRuns": self.window_runs}
         if self.why_full:
             said["whyFull"] = self.why_full
+        if self.id_scan:
+            said["idScan"] = self.id_scan
         if self.watermark is not None or self.held:
             said["watermark"] = _iso(self.watermark)
         if self.held:
@@ -113,7 +116,8 @@ def window_for(table: SourceTable | None, sync: Sync, fingerprints: tuple[str, s
     if resumed:
         start = _moment(recorded.get("readFrom"))
         return ChangeWindow(column, start, int(recorded.get("windowRuns") or 0) if start else 0,
-                            table.skew_seconds, why_full=None if start else recorded.get("whyFull"))
+                            table.skew_seconds, why_full=None if start else recorded.get("whyFull"),
+                            id_scan=recorded.get("idScan") if start else None)
     assert previous is not None
     if (previous.input_fingerprint, previous.config_fingerprint) != fingerprints:
         return full("the latest run that wrote these vectors read another table, filter or settings")
@@ -126,7 +130,7 @@ def window_for(table: SourceTable | None, sync: Sync, fingerprints: tuple[str, s
                     f"{': ' + recorded['held'] if recorded.get('held') else ''}")
     window_runs = int(recorded.get("windowRuns") or 0) + 1
     if sync.delete_missing and window_runs >= (sync.full_scan_every or 1):
-        return full(f"sync.deleteMissing reads every id every {sync.full_scan_every} runs (sync.fullScanEvery)"
-                    if sync.full_scan_every else "sync.deleteMissing without sync.fullScanEvery reads every id in "
-                    "every run")
+        return ChangeWindow(column, watermark, 0, table.skew_seconds, id_scan=(
+            f"sync.deleteMissing reads every id every {sync.full_scan_every} runs (sync.fullScanEvery)"
+            if sync.full_scan_every else "sync.deleteMissing without sync.fullScanEvery reads every id in every run"))
     return ChangeWindow(column, watermark, window_runs, table.skew_seconds)

@@ -1,21 +1,27 @@
-"""The end of a job's run: the vector index built, the run row finished, the summary filled in, the retired revisions
-past spec.sink.retainPrevious dropped; a refused start."""
+"""The end of a job's run: the vectors of ids gone deleted, the vector index built, the run row finished, the summary
+filled in, the retired revisions past spec.sink.retainPrevious dropped; a refused start."""
 
 from __future__ import annotations
 
 import logging
+import time
 
+import psycopg
 import sqlalchemy as sa
 
 from embedjob.api import EmbeddingJobSpec, RunCounters
 
+from embedjob_worker.core.change_window import ChangeWindow
 from embedjob_worker.core.errors import DB_ERRORS, JobFailed, Unreachable, retry_database
 from embedjob_worker.core.logs import log_event, mask_secrets
 from embedjob_worker.core.tally import RunSummary, RunTally
+from embedjob_worker.sink.incremental import delete_missing
 from embedjob_worker.sink.revisions import drop_retired
 from embedjob_worker.sink.runs import JobRuns, RunSession
+from embedjob_worker.sink.seen_ids import SeenIds
 from embedjob_worker.sink.target import VectorsTable
 from embedjob_worker.sink.vector_index import ensure_index, ensure_metadata_index, metric_for
+from embedjob_worker.source.table import read_table_ids, table_uri
 
 log = logging.getLogger("embedjob_worker.run.end")
 
@@ -25,6 +31,35 @@ def refused(summary: RunSummary, failure: JobFailed) -> RunSummary:
     summary.state, summary.reason, summary.error = "failed", failure.reason, mask_secrets(str(failure))
     log_event(log, "job_refused", logging.ERROR, reason=failure.reason, error=summary.error)
     return summary
+
+
+def delete_gone(engine: sa.Engine, spec: EmbeddingJobSpec, vectors: VectorsTable, run: RunSession,
+                window: ChangeWindow | None, source_url: str | None, tally: RunTally) -> None:
+    """sync.deleteMissing after a successful load: the vectors of ids the run did not read deleted, once it has read
+    every id (a full read; or a change window's read, and then its id scan, read here); a window read without an
+    id scan deletes nothing. JobFailed (SourceUnreadable) when the id scan cannot read the table."""
+    if window is not None and window.read_from is not None:
+        if window.id_scan is None:
+            log_event(log, "delete_missing_not_this_run", window_runs=window.window_runs,
+                      full_scan_every=spec.sync.full_scan_every or 1)
+            return
+        _scan_ids(source_url, spec, SeenIds(engine, run))
+    tally.deleted(retry_database(lambda: delete_missing(engine, vectors, spec.sink.collection, run),
+                                 "delete_missing"))
+
+
+def _scan_ids(source_url: str | None, spec: EmbeddingJobSpec, seen: SeenIds) -> None:
+    """Every id of the table recorded as read (the run's own records claimed theirs as they were read)."""
+    table, started, ids = spec.source.table, time.monotonic(), 0
+    assert table is not None  # a change window is a table's
+    try:
+        for page in read_table_ids(source_url, table):
+            seen.read_ids(page)
+            ids += len(page)
+    except (ValueError, psycopg.Error) as exc:  # SourceWaitExceeded is a ValueError
+        raise JobFailed("SourceUnreadable", f"reading the ids of {table_uri(table)} (sync.deleteMissing): "
+                                            f"{type(exc).__name__}: {exc}") from None
+    log_event(log, "ids_scanned", table=table_uri(table), ids=ids, seconds=round(time.monotonic() - started, 3))
 
 
 def build_index(engine: sa.Engine, spec: EmbeddingJobSpec, table: VectorsTable, summary: RunSummary

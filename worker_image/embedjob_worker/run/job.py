@@ -40,10 +40,10 @@ from embedjob_worker.encode.workers import ActorSet
 from embedjob_worker.plan.batching import Batch
 from embedjob_worker.plan.checks import IdRegistry, SortedIds
 from embedjob_worker.plan.feed import FeedPlan, FeedSkips, batches_to_embed
-from embedjob_worker.run.end import build_index, drop_previous, finish_run, refused
+from embedjob_worker.run.end import build_index, delete_gone, drop_previous, finish_run, refused
 from embedjob_worker.run.start import StartedRun, migrate, start_run
 from embedjob_worker.sink.incremental import (
-    IncrementalFeed, StoredHashes, delete_missing, forget_seen_ids, run_batch_ids,
+    IncrementalFeed, StoredHashes, forget_seen_ids, run_batch_ids,
 )
 from embedjob_worker.sink.job_lock import JobLock
 from embedjob_worker.sink.postgres import PostgresSink, open_engine
@@ -125,14 +125,9 @@ class JobRun:
             if self.target.metadata:
                 retry_database(lambda: add_metadata_columns(self.engine, self.target.vectors), "metadata_columns")
             failure = self._embed(started) or self.lock.failure()  # a driver that lost its lock deletes nothing
-            window = started.window
             if failure is None and self.spec.sync.delete_missing:
-                if window is not None and window.read_from is not None:  # only a run that read every id knows
-                    log_event(log, "delete_missing_not_this_run", window_runs=window.window_runs,
-                              full_scan_every=self.spec.sync.full_scan_every or 1)
-                else:
-                    self.tally.deleted(retry_database(lambda: delete_missing(
-                        self.engine, self.target.vectors, self.spec.sink.collection, run), "delete_missing"))
+                delete_gone(self.engine, self.spec, self.target.vectors, run, started.window,
+                            self.source_database_url, self.tally)
             return failure or build_index(self.engine, self.spec, self.target.vectors, self.summary)
         except Unreachable:
             raise

@@ -18,6 +18,14 @@ GROUP BY c.record_id
 ON CONFLICT (run_id, record_id) DO UPDATE SET position = LEAST(s.position, excluded.position)
 RETURNING position
 """)
+# An id scan's ids (read_ids): read after the claims, so no claim of the run's records is left to decide.
+_READ_SQL = sa.text("""
+INSERT INTO embedjob_seen_ids (run_id, record_id, position)
+SELECT DISTINCT :run_id, r.record_id, :position FROM unnest(CAST(:ids AS text[])) AS r(record_id)
+ON CONFLICT (run_id, record_id) DO NOTHING
+""")
+# The position an id scan's ids are kept at: past any record's, so it never makes a claim look like a duplicate.
+ID_SCAN_POSITION = 2**63 - 1
 
 
 class SeenIds:
@@ -40,3 +48,14 @@ class SeenIds:
                 return claimed
 
         return retry_database(claim, "claim_ids")
+
+    def read_ids(self, ids: list[str]) -> None:
+        """Record `ids` as read by the run (an id scan: sync.deleteMissing keeps their vectors), fenced likewise."""
+        params = {"run_id": self.run.run_id, "ids": ids, "position": ID_SCAN_POSITION}
+
+        def record() -> None:
+            with self.engine.begin() as conn:
+                conn.execute(_READ_SQL, params)
+                update_run(conn, self.run, {})
+
+        retry_database(record, "read_ids")

@@ -13,7 +13,8 @@ together and the first of them is the same however the pages fall. Each page is 
 snapshot: a row changed while the job reads is read as it was or as it is, and the next run
 catches up (docs/table-source.md). Rows whose id is NULL come last, as in ORDER BY id; they are
 counted, not read, since such a row is refused by its id alone. A run with a change window
-(core.change_window) reads only the rows whose change column is at or past its start, or NULL.
+(core.change_window) reads only the rows whose change column is at or past its start, or NULL;
+one that also scans ids reads every row's id alone afterwards (read_table_ids).
 
 Read in id order, a table whose id column is an integer, a uuid or a text under a
 deterministic collation brings equal ids next to each other, so its duplicate ids are
@@ -51,6 +52,7 @@ from embedjob_worker.source.snapshot import InputSnapshot
 from embedjob_worker.source.table_session import SourceSession, libpq_url
 
 PAGE_ROWS = 2000
+ID_PAGE_ROWS = 20_000  # an id scan's page: ids alone are small
 # A row's id and text among its metadata columns' values: keys no column name (an identifier) can be.
 _ID, _TEXT = "\x00id", "\x00text"
 _OPERATORS = {"eq": "=", "ne": "<>", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
@@ -97,6 +99,8 @@ class TableQueries(NamedTuple):
     first_page: sql.Composed  # then the page's row limit
     next_page: sql.Composed  # then the last id read whole, three times, and the row limit
     null_ids: sql.Composed  # how many rows have no id
+    first_ids: sql.Composed  # the ids alone (an id scan, read_table_ids): then the page's row limit
+    next_ids: sql.Composed  # then the last id read, three times, and the row limit
     params: list[Any]
 
 
@@ -140,9 +144,12 @@ def table_queries(table: SourceTable, template: TextTemplate | None = None, meta
     has_id = sql.SQL("{} IS NOT NULL").format(id_column)
     # `id >= last` besides the row comparison lets an index on the id column find the page's start.
     after = sql.SQL("{} >= %s AND ({}, {}) > (%s, %s)").format(id_column, id_column, id_text)
+    select_ids = sql.SQL("SELECT {}::text ").format(id_column) + source
+    order_ids = sql.SQL(" ORDER BY {}, {} LIMIT %s").format(id_column, id_text)
     return TableQueries(first_page=select + where(has_id) + order, next_page=select + where(has_id, after) + order,
                         null_ids=sql.SQL("SELECT count(*) ") + source + where(sql.SQL("{} IS NULL").format(id_column)),
-                        params=params)
+                        first_ids=select_ids + where(has_id) + order_ids,
+                        next_ids=select_ids + where(has_id, after) + order_ids, params=params)
 
 
 def check_table(table: SourceTable, template: TextTemplate | None = None) -> None:
@@ -185,6 +192,21 @@ def read_table_records(url: str, table: SourceTable, template: TextTemplate | No
         for _ in range(session.rows(queries.null_ids, queries.params)[0][0]):
             yield RawRecord(position, None, None)
             position += 1
+
+
+def read_table_ids(url: str, table: SourceTable) -> Iterator[list[str]]:
+    """The ids (as text) of every row the filter keeps, a page at a time in id order, no text read: an id scan
+    (core.change_window), all that sync.deleteMissing needs of the rows outside a change window. Equal ids may
+    come once only; a page is its own snapshot, as for read_table_records."""
+    queries = table_queries(table)
+    with SourceSession(url, table_uri(table)) as session:
+        page = session.rows(queries.first_ids, [*queries.params, ID_PAGE_ROWS])
+        while page:
+            yield [record_id for record_id, in page]
+            if len(page) < ID_PAGE_ROWS:
+                return
+            last = page[-1][0]
+            page = session.rows(queries.next_ids, [*queries.params, last, last, last, ID_PAGE_ROWS])
 
 
 def _pages(session: SourceSession, queries: TableQueries) -> Iterator[tuple[str, Any]]:
