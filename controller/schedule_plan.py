@@ -71,7 +71,8 @@ class Plan:
     @property
     def pending(self) -> int:
         """The ticks due and not started while one waits (`missed`, Forbid), else 0: at most one of them will
-        start (the latest due when the active run ends); a started, suspended or refused tick is no backlog."""
+        start (the latest due when the active run ends). A started tick, one past startingDeadlineSeconds and a
+        suspended schedule's are no backlog."""
         return self.missed if self.waiting else 0
 
 
