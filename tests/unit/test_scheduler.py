@@ -113,7 +113,8 @@ def test_each_step_sets_the_pending_ticks_and_forgetting_the_job_removes_them():
     active = run("sync-active", last, "Running")
     scheduler, kube, _ = scheduler_for(job, active)
     asyncio.run(scheduler.step("u-1"))
-    assert kube.created == [] and pending_ticks() == 3  # the ticks since the active run's: held by Forbid
+    # The ticks since the active run's, held by Forbid (4 when a minute turns between the test's clock and the step's).
+    assert kube.created == [] and pending_ticks() in (3, 4)
     scheduler.forget("u-1")
     assert pending_ticks() is None
 
