@@ -24,6 +24,11 @@ POOL_LEASES_UNCONFIRMED = Gauge("embedjob_pool_leases_unconfirmed",
                                 ["reason"])
 JOBS = Gauge("embedjob_jobs", "EmbeddingJobs this operator tracks, by state.", ["state"])
 PER_JOB = {name: Gauge(name, help_text, list(labels)) for name, (help_text, labels) in JOB_GAUGES.items()}
+SCHEDULE_PENDING_TICKS = Gauge(
+    "embedjob_schedule_pending_ticks",
+    "A scheduled job's ticks that are due and not started because a run is active (concurrencyPolicy Forbid); "
+    "at most one of them will start, the latest due when that run ends. 0 when none waits or while suspended; "
+    "101: more than 100.", ["namespace", "embeddingjob"])
 
 
 @contextmanager

@@ -68,6 +68,13 @@ class Plan:
     look_again_s: float = LOOK_AGAIN_S[1]
     events: list[tuple[str, str]] = field(default_factory=list)  #: (reason, message) worth an Event
 
+    @property
+    def pending(self) -> int:
+        """The ticks due and not started while one waits (`missed`, Forbid), else 0: at most one of them will
+        start (the latest due when the active run ends). A started tick, one past startingDeadlineSeconds and a
+        suspended schedule's are no backlog."""
+        return self.missed if self.waiting else 0
+
 
 def run_name(job: str, tick: datetime) -> str:
     return f"{job}-{int(tick.timestamp()) // 60}"

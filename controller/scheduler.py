@@ -4,6 +4,7 @@ Each second it looks at the accepted, scheduled jobs that are due a look (`sched
 says when: at the next tick, sooner while a Forbid tick waits), and carries out the plan:
 deletes the replaced run and the runs beyond the history limits, creates the tick's run from
 the job as stored now, and asks the keeper (the only status writer) to write the job's status.
+Each look sets the job's `embedjob_schedule_pending_ticks` (`Plan.pending`); forgetting the job removes it.
 The plan is recomputed from what is stored each time, so an operator restarted at any point
 starts no tick twice (a run's name is its tick) and the latest missed one once.
 """
@@ -35,6 +36,7 @@ class Scheduler:
         self._jobs: Mapping[str, Iterable[dict[str, Any]]] = {}
         self._look_at: dict[str, float] = {}  #: uid -> monotonic time of its next look
         self._warned: dict[tuple[str, str], str] = {}  #: (uid, reason) -> the message last posted: said once
+        self._pending_series: dict[str, tuple[str, str]] = {}  #: uid -> (namespace, name) of its pending ticks gauge
         self._task: asyncio.Task | None = None
 
     def attach(self, jobs: Mapping[str, Iterable[dict[str, Any]]]) -> None:
@@ -66,6 +68,7 @@ class Scheduler:
         current = self._keeper.stored_status(uid)
         if job is None or spec is None or job["metadata"].get("deletionTimestamp") or not status.accepted(current):
             self._look_at.pop(uid, None)
+            self._drop_pending(uid)
             return
         meta = job["metadata"]
         now = dt.datetime.now(dt.UTC)
@@ -73,6 +76,8 @@ class Scheduler:
         last = last_scheduled(current, runs)
         created = parse_time(meta.get("creationTimestamp")) or now
         todo = plan(meta["name"], spec, bool(job["spec"].get("suspend")), created, last, runs, now)
+        self._pending_series[uid] = (meta["namespace"], meta["name"])
+        metrics.SCHEDULE_PENDING_TICKS.labels(meta["namespace"], meta["name"]).set(todo.pending)
         for name in todo.delete:
             await self._ctx.kube.delete_job(meta["namespace"], name)
         if todo.start is not None:
@@ -101,6 +106,12 @@ class Scheduler:
     def forget(self, uid: str) -> None:
         self._look_at.pop(uid, None)
         self._warned = {key: message for key, message in self._warned.items() if key[0] != uid}
+        self._drop_pending(uid)
+
+    def _drop_pending(self, uid: str) -> None:
+        series = self._pending_series.pop(uid, None)
+        if series is not None:
+            metrics.SCHEDULE_PENDING_TICKS.remove(*series)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop())

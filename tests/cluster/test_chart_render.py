@@ -145,7 +145,8 @@ def test_non_default_render():
     rules = the(objects, "PrometheusRule")
     assert rules["metadata"]["labels"]["release"] == "prometheus"
     alerts = {rule["alert"]: rule for group in rules["spec"]["groups"] for rule in group["rules"]}
-    assert sorted(alerts) == ["EmbeddingJobFailed", "EmbeddingJobNoProgress", "EmbeddingSyncStalled"]
+    assert sorted(alerts) == ["EmbeddingJobFailed", "EmbeddingJobNoProgress", "EmbeddingScheduleBacklog",
+                              "EmbeddingSyncStalled"]
     assert alerts["EmbeddingSyncStalled"]["expr"].endswith("> 3600")
 
     (dashboard,) = [c for c in by_kind(objects, "ConfigMap") if "embedjob.json" in c.get("data", {})]
@@ -217,6 +218,7 @@ def test_rayjobs_run_the_chart_worker_image_with_its_ray_version():
         ({"prometheusRule": {"syncStalledSeconds": 0}}, "at '/prometheusRule/syncStalledSeconds'"),
         ({"prometheusRule": {"syncStalledSeconds": "1d"}}, "at '/prometheusRule/syncStalledSeconds'"),
         ({"prometheusRule": {"noProgressFor": "30 minutes"}}, "at '/prometheusRule/noProgressFor'"),
+        ({"prometheusRule": {"scheduleBacklogFor": "1d"}}, "at '/prometheusRule/scheduleBacklogFor'"),
         ({"prometheusRule": {"severity": "page\n  evil: 1"}}, "at '/prometheusRule/severity'"),
         ({"podMonitor": {"interval": "-1s"}}, "at '/podMonitor/interval'"),
         ({"grafanaDashboard": {"namespace": "Monitoring"}}, "at '/grafanaDashboard/namespace'"),

@@ -3,7 +3,8 @@ package) that scrapes the operator and a real run's driver. The operator runs as
 the API server; `RayJobRunner` runs each RayJob's entrypoint on a local Ray with the packaged model and
 PostgreSQL, so the driver's metrics are a real run's. Every panel query must return series whose labels
 its legend names; every alert rule must load, evaluate and select series that exist; a failed job's
-alert must go pending; the sync lag must be the job's, in its own namespace (honorLabels)."""
+alert must go pending; the sync lag must be the job's, in its own namespace (honorLabels). A scheduled job
+whose cron does not tick during the test gives the schedule's series (its pending ticks, at 0)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def test_promtool_accepts_the_charts_rules(tmp_path):
     res = subprocess.run([find_binaries().promtool, "check", "rules", str(rules)], capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 3 rules found" in res.stdout, res.stdout
+    assert "SUCCESS: 4 rules found" in res.stdout, res.stdout
 
 
 def test_every_panel_and_alert_works_on_what_the_operator_and_a_real_driver_serve(e2e, tmp_path):
@@ -76,6 +77,7 @@ def test_every_panel_and_alert_works_on_what_the_operator_and_a_real_driver_serv
     started = time.time()
     with running_prometheus(find_binaries().prometheus, tmp_path / "prometheus", scrape, groups) as prometheus:
         uri, ids = sample(tmp_path, 300)
+        apply_job(kube, namespace, "yearly", source={"uri": uri}, model=MODEL, schedule={"cron": "@yearly"})
         apply_job(kube, namespace, "pep", source={"uri": uri}, model=MODEL, batching={"batchSize": 16})
         job = wait_until("pep to finish", lambda: finished(kube, namespace, "pep"), timeout=300)
         assert job["status"]["state"] == "Complete", (job["status"], operator.log()[-3000:])
@@ -91,6 +93,9 @@ def test_every_panel_and_alert_works_on_what_the_operator_and_a_real_driver_serv
         assert_panels(prometheus, dashboard, namespace, started)
         assert_alert_rules(prometheus, groups, started)
         assert_sync_lag_is_the_jobs(prometheus, namespace)
+        (pending,) = prometheus.query("embedjob_schedule_pending_ticks")
+        assert (pending["metric"]["namespace"], pending["metric"]["embeddingjob"], pending["value"][1]) == (
+            namespace, "yearly", "0"), pending
 
 
 def assert_panels(prometheus: PrometheusApi, dashboard: dict, namespace: str, started: float) -> None:

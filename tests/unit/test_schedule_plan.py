@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 from controller.schedule_plan import Run, ScheduleSpec, plan, run_name
 
 T0 = datetime(2026, 12, 5, 10, 0, tzinfo=timezone.utc)
@@ -76,3 +78,30 @@ def test_history_limits_delete_the_oldest_finished_runs_of_each_outcome():
     spec = ScheduleSpec(cron="0 0 1 1 *", successful_runs_history_limit=2, failed_runs_history_limit=0)
     assert plan("sync", spec, False, T0, T0 + minutes(9), runs, T0 + minutes(10)).delete == (
         "ok-0", "ok-1", "bad-0", "bad-1", "bad-2")
+
+
+def test_the_pending_ticks_are_those_due_while_a_forbid_run_is_active():
+    active = Run("sync-1", T0, state="Running")
+    held = plan("sync", EVERY_MINUTE, False, T0 - minutes(1), T0, [active], T0 + minutes(3) + timedelta(seconds=30))
+    assert held.waiting and (held.missed, held.pending) == (3, 3)  # of which only the latest will start
+    deadline = ScheduleSpec(cron="* * * * *", starting_deadline_seconds=90)
+    assert plan("sync", deadline, False, T0 - minutes(1), T0, [active], T0 + minutes(3) + timedelta(seconds=30)
+                ).pending == 1  # the older two are past the deadline: missed for good, not pending
+    flood = plan("sync", EVERY_MINUTE, False, T0 - minutes(1), T0, [active], T0 + minutes(500))
+    assert flood.pending == 101  # more than MISSED_LIMIT
+
+
+@pytest.mark.parametrize("why, suspended, concurrency, state", [
+    ("the run ended: the latest tick starts", False, "Forbid", "Complete"),
+    ("Replace starts the tick", False, "Replace", "Running"),
+    ("a suspended schedule is paused, not behind", True, "Forbid", "Running"),
+])
+def test_no_tick_is_pending_when_the_due_one_starts_or_the_schedule_is_suspended(why, suspended, concurrency, state):
+    spec = ScheduleSpec(cron="* * * * *", concurrency_policy=concurrency)
+    p = plan("sync", spec, suspended, T0 - minutes(1), T0, [Run("sync-1", T0, state=state)], T0 + minutes(3))
+    assert p.pending == 0, why
+
+
+def test_no_tick_is_pending_before_one_is_due():
+    active = Run("sync-1", T0, state="Running")
+    assert plan("sync", EVERY_MINUTE, False, T0 - minutes(1), T0, [active], T0 + timedelta(seconds=30)).pending == 0

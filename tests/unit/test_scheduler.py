@@ -1,10 +1,13 @@
 """`Scheduler.step` with a stand-in API and keeper: a due tick's run is created from the job as stored, history
-beyond the limit deleted, a warning said once, nothing done for a job not accepted or being deleted."""
+beyond the limit deleted, a warning said once, nothing done for a job not accepted or being deleted; the job's
+pending ticks gauge set at each step and removed with the job."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta, timezone
+
+from prometheus_client import REGISTRY
 
 from controller.reconcile import Context
 from controller.metrics import JobStates
@@ -97,3 +100,28 @@ def test_nothing_is_done_for_a_job_not_accepted_or_being_deleted():
     scheduler2, kube2, _ = scheduler_for(deleting)
     asyncio.run(scheduler2.step("u-1"))
     assert kube.created == kube2.created == []
+
+
+def pending_ticks() -> float | None:
+    return REGISTRY.get_sample_value("embedjob_schedule_pending_ticks", {"namespace": "ns", "embeddingjob": "sync"})
+
+
+def test_each_step_sets_the_pending_ticks_and_forgetting_the_job_removes_them():
+    now = datetime.now(timezone.utc)
+    job = scheduled({"cron": "* * * * *"}, now - timedelta(minutes=10))
+    last = now.replace(second=0, microsecond=0) - timedelta(minutes=3)
+    active = run("sync-active", last, "Running")
+    scheduler, kube, _ = scheduler_for(job, active)
+    asyncio.run(scheduler.step("u-1"))
+    # The ticks since the active run's, held by Forbid (4 when a minute turns between the test's clock and the step's).
+    assert kube.created == [] and pending_ticks() in (3, 4)
+    scheduler.forget("u-1")
+    assert pending_ticks() is None
+
+    quiet = scheduled({"cron": "0 0 1 1 *"}, now - timedelta(minutes=1))
+    scheduler, _, _ = scheduler_for(quiet)
+    asyncio.run(scheduler.step("u-1"))
+    assert pending_ticks() == 0  # a schedule with nothing due has its series, at 0
+    quiet["metadata"]["deletionTimestamp"] = "2026-12-05T10:00:00Z"
+    asyncio.run(scheduler.step("u-1"))
+    assert pending_ticks() is None
