@@ -14,7 +14,10 @@ write, indexed) and the job reads it by that change column (spec.source.table.ch
 changeSkewSeconds 0: only the database's clock writes it); between the runs K rows spread evenly
 over the ids are changed, so the re-run reads and embeds those K rows only. Each round also times
 a first run over a table of just K rows (K rows embedded alone), the cost a change window is
-held to.
+held to. With `--changes K --delete-missing` every re-run by the change column also scans every id
+(sync.deleteMissing without fullScanEvery), and each round also times the same first run and
+re-run of a table without a change column: the full read of every row's text that such a run
+did before id scans.
 
     HF_HUB_OFFLINE=1 python bench/incremental.py [--rows 100000] [--model tiny|minilm] [--rounds 3] [--delete-missing]
                                                  [--changes K] [--corpus PATH]
@@ -106,10 +109,10 @@ def main() -> None:
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     print(f"{args.rows} rows, model {args.model}, batch size {args.batch_size}, {args.cpus} CPUs, {args.rounds} rounds, "
           f"deleteMissing {args.delete_missing}, changes {args.changes or 'none (every row read)'}")
-    databases = iter(range(1, 3 * args.rounds + 1))
-    changes = {"changeColumn": "updated_at", "changeSkewSeconds": 0} if args.changes else {}
+    databases = iter(range(1, 4 * args.rounds + 1))
+    by_changes = {"changeColumn": "updated_at", "changeSkewSeconds": 0}
 
-    def filled(rows: int) -> tuple[str, object]:
+    def filled(rows: int, changes: dict) -> tuple[str, object]:
         database = f"incremental_{next(databases)}"
         with psycopg.connect(server.get_uri(), autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{database}"')
@@ -127,8 +130,8 @@ def main() -> None:
             },
         })
 
-    def first_and_rerun() -> dict[str, float]:
-        url, config = filled(args.rows)
+    def first_and_rerun(changes: dict) -> dict[str, float]:
+        url, config = filled(args.rows, changes)
         first, summary = timed_run(config, url)
         assert summary.counters.records_new == args.rows
         if args.changes:
@@ -136,23 +139,29 @@ def main() -> None:
         again, summary = timed_run(config, url)
         counters = summary.counters
         if args.changes:
-            assert (counters.records_total, counters.records_changed) == (args.changes, args.changes), counters
+            read = args.changes if changes else args.rows
+            assert (counters.records_total, counters.records_changed) == (read, args.changes), counters
         else:
             assert (counters.records_unchanged, counters.records_new, counters.records_changed) == (args.rows, 0, 0)
         timed = {"first run s": first, "re-run s": again, "re-run model load s": summary.model_load_seconds}
-        if args.changes:  # the changed rows embedded alone: a first run over a table of just that many
-            alone_url, alone_config = filled(args.changes)
+        if changes:  # the changed rows embedded alone: a first run over a table of just that many
+            alone_url, alone_config = filled(args.changes, changes)
             timed["changed rows alone s"] = timed_run(alone_config, alone_url)[0]
         return timed
 
+    contenders = {"table": lambda: first_and_rerun(by_changes if args.changes else {})}
+    if args.changes and args.delete_missing:
+        contenders["every row read"] = lambda: first_and_rerun({})
     try:
-        results = run_rounds({"table": first_and_rerun}, rounds=args.rounds)
+        results = run_rounds(contenders, rounds=args.rounds)
     finally:
         ray.shutdown()
         server.cleanup()
     ratios = {"re-run / first run": ratio(results, "table re-run s", "table first run s")}
     if args.changes:
         ratios["re-run / changed rows alone"] = ratio(results, "table re-run s", "table changed rows alone s")
+    if "every row read" in contenders:
+        ratios["re-run / re-run reading every row"] = ratio(results, "table re-run s", "every row read re-run s")
     print(report(results, unit="s (lower is better)", ratios=ratios))
 
 
