@@ -106,13 +106,15 @@ class SourceTable(ApiModel):
     change_column: str | None = Field(
         None, pattern=SOURCE_IDENTIFIER, max_length=63,
         description="A timestamp with time zone column set to the database's clock on every insert and update "
-        "(now(), clock_timestamp(), a trigger): a re-run reads only rows at or past the last run's watermark, "
-        "and rows where it is NULL (docs/table-source.md). Unset: every run reads every row.",
+        "(now(), clock_timestamp(), a trigger), or an xid8 column set to pg_current_xact_id(): a re-run reads "
+        "only rows at or past the last run's watermark, and rows where it is NULL (docs/table-source.md). Unset: "
+        "every run reads every row.",
     )
     change_skew_seconds: int | None = Field(
         None, ge=0, le=86_400, strict=True,
         description="Seconds the watermark is moved back, for a change column written from the clock of another "
-        f"machine than the database's (0-86400). Unset: {DEFAULT_CHANGE_SKEW_SECONDS}. With changeColumn.",
+        f"machine than the database's (0-86400). Unset: {DEFAULT_CHANGE_SKEW_SECONDS}. With changeColumn; an "
+        "xid8 column has no clock to skew, and ignores it.",
     )
 
     @property

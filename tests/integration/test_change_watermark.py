@@ -31,7 +31,7 @@ def with_change_column(url: str, rows: int) -> None:
 
 
 def changes_manifest(name: str, sync: dict | None = None, **table) -> dict:
-    manifest = table_manifest(name, changeColumn="updated_at", changeSkewSeconds=0, **table)
+    manifest = table_manifest(name, **{"changeColumn": "updated_at", "changeSkewSeconds": 0, **table})
     manifest["spec"]["sync"] = sync or {}
     return manifest
 
@@ -138,9 +138,44 @@ def test_with_delete_missing_every_full_scan_every_th_run_scans_the_ids_alone_an
         i for i in range(1, 41) if i not in (3, 4)]
 
 
+def test_an_xid8_column_stamped_by_the_writing_transaction_keeps_the_watermark_and_misses_no_late_commit(
+        ray_address, database_url):
+    create_docs(database_url, 0, 40)
+    execute(database_url, "ALTER TABLE docs ADD COLUMN changed_xid xid8 DEFAULT pg_current_xact_id()",
+            "CREATE INDEX docs_changed_xid ON docs (changed_xid)",
+            "CREATE FUNCTION docs_stamp() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$BEGIN NEW.changed_xid := pg_current_xact_id(); RETURN NEW; END$$",
+            "CREATE TRIGGER docs_stamp BEFORE UPDATE ON docs FOR EACH ROW EXECUTE FUNCTION docs_stamp()")
+    job = JobConfig.from_manifest(changes_manifest("by-xid", changeColumn="changed_xid"))
+    late = psycopg.connect(libpq(database_url))  # writes before the first run's read, commits after it
+    late.execute("INSERT INTO docs (id, pep, body) VALUES (1000, 1, 'a paragraph written late')")
+    late_xid = int(late.execute("SELECT pg_current_xact_id()::text").fetchone()[0])
+
+    first = run_job(job, database_url)
+    assert first.state == "succeeded", first.error
+    assert first.counters.records_new == 40
+    recorded = window_of(database_url, first.run_id)
+    assert recorded["readFrom"] is None and isinstance(recorded["watermark"], int), recorded
+    assert recorded["watermark"] <= late_xid, recorded  # the late writer was running: the xmin is at most its id
+
+    late.commit()
+    late.close()
+    execute(database_url, "UPDATE docs SET body = body || ' (edited)' WHERE id = 5")
+    second = run_job(job, database_url)
+    assert second.state == "succeeded", second.error
+    c = second.counters
+    assert (c.records_total, c.records_new, c.records_changed) == (2, 1, 1), c
+    assert window_of(database_url, second.run_id)["readFrom"] == recorded["watermark"]
+    assert "changed since transaction" in second.change_window.described(), second.change_window.described()
+    assert query(database_url, "SELECT text FROM embeddings WHERE record_id = '1000'")[0][0] == (
+        "a paragraph written late")
+
+
 @pytest.mark.parametrize(("column_sql", "said"), [
     ("ALTER TABLE docs ADD COLUMN written timestamp DEFAULT now()",
      "spec.source.table.changeColumn: written is timestamp without time zone, not timestamp with time zone"),
+    ("ALTER TABLE docs ADD COLUMN written bigint GENERATED ALWAYS AS IDENTITY",
+     "written is bigint, not timestamp with time zone or xid8: a change column must hold the moment"),
     ("SELECT 1", "spec.source.table.changeColumn: public.docs has no column 'written'"),
     ("DROP TABLE docs", "spec.source.table: there is no table or view public.docs"),
 ])

@@ -164,3 +164,22 @@ def test_the_window_is_a_bound_parameter_and_the_column_a_quoted_identifier():
     text = queries.first_page.as_string(None)
     assert '(source."updated_at" >= %s OR source."updated_at" IS NULL)' in text, text
     assert "updated_at" not in table_queries(parsed).first_page.as_string(None)
+
+
+def test_a_transaction_id_watermark_is_recorded_as_a_number_read_back_and_compared_as_xid8():
+    window = ChangeWindow("changed_xid", 7_000_000_123, 3, 60)
+    window.watermark = 2**40 + 5  # xid8 counts epochs too: past 32 bits
+    assert window.record() == {"column": "changed_xid", "readFrom": 7_000_000_123, "windowRuns": 3,
+                               "watermark": 2**40 + 5}
+    assert window.described() == ("changed since transaction 7000000123 (or changed_xid NULL); watermark left "
+                                  "transaction 1099511627781")
+    recorded = {"column": "changed_xid", "readFrom": None, "windowRuns": 0, "watermark": 2**40 + 5}
+    assert decide(previous(window=recorded), changeColumn="changed_xid").read_from == 2**40 + 5
+    for hostile in (True, 1.5, [1], {"x": 1}):  # a row edited by hand: no watermark, a full read
+        odd = {**recorded, "watermark": hostile}
+        assert decide(previous(window=odd), changeColumn="changed_xid").read_from is None
+    queries = table_queries(parse_spec(spec({"changeColumn": "changed_xid"})).source.table,
+                            changed_since=2**40 + 5)
+    assert queries.params == ["1099511627781"]  # its text, cast in SQL: psycopg would send an int as int8
+    assert ('(source."changed_xid" >= CAST(%s AS xid8) OR source."changed_xid" IS NULL)'
+            in queries.first_page.as_string(None))

@@ -16,9 +16,11 @@ records, when that is safe; otherwise the run reads every row (a full read) and 
   that read every id can tell which are gone, and the ids are all it needs of the rows outside its window;
 - a resumed run reads from where its first session was to read (the window it recorded at its start).
 
-The watermark a read leaves is taken before its first page (source.change_watermark): the database's clock,
-then the start of the oldest transaction then open in the database, the earlier of the two, less
-changeSkewSeconds. Why no committed change is missed (docs/table-source.md has the whole argument): a row
+The watermark a read leaves is taken before its first page (source.change_watermark). For a timestamp column:
+the database's clock, then the start of the oldest transaction then open in the database, the earlier of the
+two, less changeSkewSeconds. For an xid8 column (each row stamped with its writing transaction's
+pg_current_xact_id()): the oldest transaction id still running in the read's snapshot (pg_snapshot_xmin), the
+same argument with transaction ids for clocks. Why no committed change is missed (docs/table-source.md has the whole argument): a row
 version the read did not see was committed by a transaction still open when the pages were read, so either
 open when the clock was read (it started before it, and the oldest open transaction's start bounds its
 clock) or begun after (its clock is later): either way its now() or clock_timestamp() is at or past the
@@ -37,6 +39,8 @@ from embedjob.change_window_record import described
 
 # The revision states whose vectors are whole: a window read adds only the changes to them.
 WHOLE_REVISION_STATES = ("ready", "embedding")
+# A watermark: a moment (a timestamp with time zone column) or a transaction id (an xid8 column).
+Watermark = datetime | int
 
 
 @dataclass(frozen=True)
@@ -56,23 +60,23 @@ class ChangeWindow:
     started, the watermark it leaves for the next run (None: the next run reads every row)."""
 
     column: str
-    read_from: datetime | None
+    read_from: Watermark | None
     window_runs: int  # runs since the last one that read every id, this one included (0: this one does)
     skew_s: int
     why_full: str | None = None  # why this run reads every row
     id_scan: str | None = None  # why this window read also reads every id of the table (sync.deleteMissing)
-    watermark: datetime | None = None
+    watermark: Watermark | None = None
     held: str | None = None  # why the watermark stays where the read started
 
     def record(self) -> dict[str, Any]:
         """What the run row keeps (embedjob_runs.change_window; its keys: embedjob.change_window_record)."""
-        said = {"column": self.column, "readFrom": _iso(self.read_from), "windowRuns": self.window_runs}
+        said = {"column": self.column, "readFrom": _recorded(self.read_from), "windowRuns": self.window_runs}
         if self.why_full:
             said["whyFull"] = self.why_full
         if self.id_scan:
             said["idScan"] = self.id_scan
         if self.watermark is not None or self.held:
-            said["watermark"] = _iso(self.watermark)
+            said["watermark"] = _recorded(self.watermark)
         if self.held:
             said["held"] = self.held
         return said
@@ -86,12 +90,15 @@ class ChangeWindow:
         self.watermark, self.held = self.read_from, why
 
 
-def _iso(moment: datetime | None) -> str | None:
-    return None if moment is None else moment.isoformat()
+def _recorded(watermark: Watermark | None) -> str | int | None:
+    """A watermark as the run row keeps it: a moment in ISO 8601, a transaction id as a number."""
+    return watermark.isoformat() if isinstance(watermark, datetime) else watermark
 
 
-def _moment(recorded: Any) -> datetime | None:
-    return datetime.fromisoformat(recorded) if isinstance(recorded, str) else None
+def _watermark(recorded: Any) -> Watermark | None:
+    if isinstance(recorded, str):
+        return datetime.fromisoformat(recorded)
+    return recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else None
 
 
 def window_for(table: SourceTable | None, sync: Sync, fingerprints: tuple[str, str], revision_state: str | None,
@@ -114,7 +121,7 @@ def window_for(table: SourceTable | None, sync: Sync, fingerprints: tuple[str, s
         return full(f"the revision was {revision_state or 'not recorded'} when the run started: its vectors may "
                     "not all be there")
     if resumed:
-        start = _moment(recorded.get("readFrom"))
+        start = _watermark(recorded.get("readFrom"))
         return ChangeWindow(column, start, int(recorded.get("windowRuns") or 0) if start else 0,
                             table.skew_seconds, why_full=None if start else recorded.get("whyFull"),
                             id_scan=recorded.get("idScan") if start else None)
@@ -124,7 +131,7 @@ def window_for(table: SourceTable | None, sync: Sync, fingerprints: tuple[str, s
     if previous.state != "succeeded" or previous.batches_failed:
         return full(f"the latest run that wrote these vectors {previous.state}"
                     f"{f' with {previous.batches_failed} failed batches' if previous.batches_failed else ''}")
-    watermark = _moment(recorded.get("watermark"))
+    watermark = _watermark(recorded.get("watermark"))
     if watermark is None:
         return full("the latest run that wrote these vectors left no watermark"
                     f"{': ' + recorded['held'] if recorded.get('held') else ''}")

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -44,7 +43,7 @@ from psycopg import sql
 from embedjob.api import NULL_OPS, SOURCE_IDENTIFIER, SourceTable, TableFilter
 from embedjob.text_template import TextTemplate
 
-from embedjob_worker.core.change_window import ChangeWindow
+from embedjob_worker.core.change_window import ChangeWindow, Watermark
 from embedjob_worker.core.records import RawRecord
 from embedjob_worker.source.change_watermark import take_watermark
 from embedjob_worker.source.record_fields import RecordFields
@@ -105,7 +104,7 @@ class TableQueries(NamedTuple):
 
 
 def table_queries(table: SourceTable, template: TextTemplate | None = None, metadata: Sequence[str] = (),
-                  changed_since: datetime | None = None) -> TableQueries:
+                  changed_since: Watermark | None = None) -> TableQueries:
     """How the table is read: SELECT id::text, text FROM schema.name WHERE [filter AND] id IS NOT NULL, in
     pages ORDER BY id, id::text COLLATE "C", text::text COLLATE "C"; then the count of rows without an id.
     The text breaks ties between equal ids, so which of them is read first (and wins) is the same on every
@@ -129,8 +128,9 @@ def table_queries(table: SourceTable, template: TextTemplate | None = None, meta
         params += values
     if changed_since is not None:
         change = _identifier(table.change_column or "", "changeColumn")
-        conditions.append(sql.SQL("(source.{} >= %s OR source.{} IS NULL)").format(change, change))
-        params.append(changed_since)
+        since = sql.SQL("CAST(%s AS xid8)" if isinstance(changed_since, int) else "%s")  # a transaction id's text
+        conditions.append(sql.SQL("(source.{} >= {} OR source.{} IS NULL)").format(change, since, change))
+        params.append(str(changed_since) if isinstance(changed_since, int) else changed_since)
     id_text = sql.SQL('{}::text COLLATE "C"').format(id_column)
 
     def where(*more: sql.Composable) -> sql.Composable:
