@@ -1,8 +1,8 @@
 """Issue 31 item 1: a job on a one-minute schedule, on the real API server with the operator as a ServiceAccount;
 `RayJobRunner` plays KubeRay + kubelet (each run's driver runs for real on a local Ray, with the packaged model and
 PostgreSQL). Three ticks, each an incremental run; concurrencyPolicy Forbid holds a tick while a run is active and
-starts it when that run ends, across an operator killed meanwhile; the history limit deletes the oldest completed run;
-the status follows."""
+starts it when that run ends, across an operator killed meanwhile (the operator's pending ticks metric says 1 while
+it waits); the history limit deletes the oldest completed run; the status follows."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controller.scheduled_runs import ANNOTATION_SCHEDULED_TIME, LABEL_SCHEDULED_BY_UID
 from support.kubectl import apply_job, events_for, get_json
@@ -43,6 +44,13 @@ class RunWatcher(BackgroundPoller):
         return sorted(name for name, run in self.runs.items() if run["status"].get("state") == "Complete")
 
 
+def pending_ticks(operator, namespace: str) -> float | None:
+    """The job's embedjob_schedule_pending_ticks as the operator serves it (None: no such series)."""
+    return next((sample.value for family in text_string_to_metric_families(operator.metrics())
+                 for sample in family.samples if sample.name == "embedjob_schedule_pending_ticks"
+                 and sample.labels == {"namespace": namespace, "embeddingjob": "sync"}), None)
+
+
 def tick_of(name: str) -> datetime:
     return datetime.fromtimestamp(int(name.rsplit("-", 1)[1]) * 60, timezone.utc)
 
@@ -61,6 +69,7 @@ def test_three_ticks_forbid_holds_a_tick_while_a_run_is_active_and_history_is_pr
         assert sorted(watcher.runs) == [first], watcher.runs
         job = get_json(kube, "ej", "sync", "-n", namespace)
         assert job["status"]["state"] == "Running" and job["status"]["schedule"]["active"] == [first], job["status"]
+        assert pending_ticks(operator, namespace) == 1.0  # the held tick, as the operator's metric says
 
         operator.restart(signal.SIGKILL)  # what it knew of the schedule is what is stored: no tick twice
         runner()  # KubeRay and the kubelet arrive: the first run runs, then the held tick's, then the next tick's
