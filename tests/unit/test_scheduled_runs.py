@@ -126,3 +126,21 @@ def test_a_scheduled_jobs_status_never_becomes_final_and_names_its_state():
     assert desired["schedule"]["nextScheduleTime"] == "2026-12-05T10:10:00Z"
     assert {c["type"]: c["status"] for c in desired["conditions"]} == {
         "Accepted": "True", "Running": "False", "Complete": "False", "Failed": "False", "Suspended": "False"}
+
+
+def test_pausing_a_schedule_deletes_its_next_tick_from_the_stored_status():
+    """A JSON merge patch keeps what it does not name: the patch names nextScheduleTime to delete it (found by
+    test_real_path_schedule.py: a suspended job went on showing its next tick)."""
+    spec, done = schedule_spec({"schedule": SCHEDULE}), Run("sync-1", T0, "Complete", T0 + timedelta(minutes=1))
+
+    def desired(suspend: bool, current: dict) -> dict:
+        return status.desired_status(current, status.Observation(
+            generation=1, suspend=suspend, verdict=ACCEPTED, rayjob=None, run=None, progress_error=None,
+            now="2026-12-05T10:07:00Z", schedule=view(current, spec, suspend, [done], T0 + timedelta(minutes=7))))
+
+    scheduled = desired(False, {})
+    assert scheduled["schedule"]["nextScheduleTime"] == "2026-12-05T10:10:00Z"
+    paused = desired(True, scheduled)
+    assert paused["state"] == "Suspended" and "nextScheduleTime" not in paused["schedule"]
+    patch = status.status_patch(scheduled, paused)
+    assert patch["schedule"] == {"nextScheduleTime": None} and patch["state"] == "Suspended"
