@@ -36,6 +36,8 @@ class Verdict:
 
 
 ACCEPTED = Verdict(True, "RayJobCreated", "the RayJob was created")
+# A scheduled job's: it has no RayJob of its own (controller.scheduler starts its runs).
+SCHEDULE_ACCEPTED = Verdict(True, "ScheduleAccepted", "each tick of spec.schedule starts a run, a child EmbeddingJob")
 # Written (Accepted=True pins the spec) just before the create, whose outcome is the next verdict.
 REVIEWED = Verdict(True, "ReviewPassed", "the review passed; the RayJob is being created")
 

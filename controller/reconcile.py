@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable, Iterable
 from kubernetes.client.exceptions import ApiException
 
 from . import acceptance, queueing, scheduled_runs, status, waiting
-from .acceptance import ACCEPTED, Verdict
+from .acceptance import ACCEPTED, SCHEDULE_ACCEPTED, Verdict
 from .kube import KubeApi
 from .metrics import JobStates
 from .pool_sweeper import PoolSweeper
@@ -99,7 +99,7 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
         if not status.accepted(job.get("status") or {}) and not await accept(job):
             raise SpecChanged(f"generation {meta.get('generation')} was edited during its review")
         if parsed.schedule is not None:
-            return ACCEPTED  # no RayJob of its own: controller.scheduler starts its runs
+            return SCHEDULE_ACCEPTED  # no RayJob of its own: controller.scheduler starts its runs
         manifest = build_rayjob(job, parsed, ctx.settings)
         try:
             rayjob = await ctx.kube.create_or_get_rayjob(manifest)

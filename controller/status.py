@@ -253,8 +253,14 @@ def desired_status(current: dict[str, Any], obs: Observation) -> dict[str, Any] 
 
 
 def status_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
-    """A JSON merge patch of the status: the top-level fields that differ (None deletes)."""
-    return {key: desired.get(key) for key in current.keys() | desired.keys() if current.get(key) != desired.get(key)}
+    """A JSON merge patch of the status: the fields that differ (None deletes), at every level: a merge patch keeps
+    a nested field it does not name (a paused schedule's status.schedule.nextScheduleTime)."""
+    patch = {}
+    for key in current.keys() | desired.keys():
+        old, new = current.get(key), desired.get(key)
+        if old != new:
+            patch[key] = status_patch(old, new) if isinstance(old, dict) and isinstance(new, dict) else new
+    return patch
 
 
 def accepted(status: dict[str, Any]) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import threading
 from typing import Any
 
 from support.manifests import ej_manifest
@@ -60,3 +62,31 @@ def rayjobs(kube, namespace: str) -> list[dict]:
 def events_for(kube, namespace: str, name: str) -> list[dict]:
     items = get_json(kube, "events", "-n", namespace)["items"]
     return [e for e in items if e["involvedObject"].get("name") == name]
+
+
+class Watch:
+    """Every version of the objects `kubectl get ARGS --watch -o json` streams, in order, while used as a context
+    manager: unlike a poll, it misses no version however briefly it was the stored one."""
+
+    def __init__(self, kube, *args: str):
+        self._cmd = [kube.bin.kubectl, f"--kubeconfig={kube.kubeconfig}", "get", *args, "--watch", "-o", "json"]
+        self.versions: list[dict] = []
+
+    def __enter__(self):
+        self._proc = subprocess.Popen(self._cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+        return self
+
+    def _read(self) -> None:
+        lines: list[str] = []
+        for line in self._proc.stdout:
+            lines.append(line)
+            if line.startswith("}"):  # kubectl indents an object's fields: its own closing brace ends it
+                self.versions.append(json.loads("".join(lines)))
+                lines = []
+
+    def __exit__(self, *exc) -> None:
+        self._proc.terminate()
+        self._proc.wait(10)
+        self._thread.join(10)

@@ -240,6 +240,9 @@ def test_acceptance_survives_a_restart_without_a_review():
 
 def test_status_patch_removes_what_is_gone():
     assert status.status_patch({"a": 1, "b": 2}, {"a": 1, "c": 3}) == {"b": None, "c": 3}
+    # nested too: a merge patch keeps the fields of an object it does not name
+    assert status.status_patch({"a": {"b": 1, "c": 2}, "d": [1]}, {"a": {"b": 1}, "d": [2]}) == {"a": {"c": None},
+                                                                                            "d": [2]}
 
 
 def test_progress_summary_without_a_total():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timedelta, timezone
 
-from controller import indexes, reconcile, status
-from controller.acceptance import ACCEPTED
+from controller import events, indexes, reconcile, status
+from controller.acceptance import SCHEDULE_ACCEPTED
 from controller.metrics import JobStates
 from controller.schedule_plan import Run, ScheduleSpec
 from controller.scheduled_runs import (ANNOTATION_SCHEDULED_TIME, LABEL_SCHEDULED_BY_UID, run_manifest, runs_of,
@@ -56,7 +56,7 @@ def launch(job: dict) -> tuple:
 
 def test_a_scheduled_job_is_accepted_and_gets_no_rayjob_of_its_own():
     verdict, accepted, created = launch(scheduled_job())
-    assert verdict == ACCEPTED and accepted == ["sync"] and created == []
+    assert verdict == SCHEDULE_ACCEPTED and accepted == ["sync"] and created == []
 
 
 def test_a_scheduled_jobs_name_leaves_room_for_its_runs():
@@ -118,7 +118,7 @@ def test_the_stored_times_outlive_the_runs_history():
 
 def test_a_scheduled_jobs_status_never_becomes_final_and_names_its_state():
     spec = schedule_spec({"schedule": SCHEDULE})
-    obs = status.Observation(generation=1, suspend=False, verdict=ACCEPTED, rayjob=None, run=None,
+    obs = status.Observation(generation=1, suspend=False, verdict=SCHEDULE_ACCEPTED, rayjob=None, run=None,
                              progress_error=None, now="2026-12-05T10:07:00Z",
                              schedule=view({}, spec, False, [], T0 + timedelta(minutes=7)))
     desired = status.desired_status({}, obs)
@@ -126,3 +126,24 @@ def test_a_scheduled_jobs_status_never_becomes_final_and_names_its_state():
     assert desired["schedule"]["nextScheduleTime"] == "2026-12-05T10:10:00Z"
     assert {c["type"]: c["status"] for c in desired["conditions"]} == {
         "Accepted": "True", "Running": "False", "Complete": "False", "Failed": "False", "Suspended": "False"}
+    # not RayJobCreated: it has no RayJob (its status and Event said so, seen on the real path)
+    accepted = [(t.reason, t.message) for t in events.transitions({}, desired) if t.type == "Accepted"]
+    assert accepted == [("ScheduleAccepted", "each tick of spec.schedule starts a run, a child EmbeddingJob")]
+
+
+def test_pausing_a_schedule_deletes_its_next_tick_from_the_stored_status():
+    """A JSON merge patch keeps what it does not name: the patch names nextScheduleTime to delete it (found by
+    test_real_path_schedule.py: a suspended job went on showing its next tick)."""
+    spec, done = schedule_spec({"schedule": SCHEDULE}), Run("sync-1", T0, "Complete", T0 + timedelta(minutes=1))
+
+    def desired(suspend: bool, current: dict) -> dict:
+        return status.desired_status(current, status.Observation(
+            generation=1, suspend=suspend, verdict=SCHEDULE_ACCEPTED, rayjob=None, run=None, progress_error=None,
+            now="2026-12-05T10:07:00Z", schedule=view(current, spec, suspend, [done], T0 + timedelta(minutes=7))))
+
+    scheduled = desired(False, {})
+    assert scheduled["schedule"]["nextScheduleTime"] == "2026-12-05T10:10:00Z"
+    paused = desired(True, scheduled)
+    assert paused["state"] == "Suspended" and "nextScheduleTime" not in paused["schedule"]
+    patch = status.status_patch(scheduled, paused)
+    assert patch["schedule"] == {"nextScheduleTime": None} and patch["state"] == "Suspended"
