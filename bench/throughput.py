@@ -8,6 +8,8 @@ load (first batch start to last batch end / last commit); "wall" includes them.
 the ceiling of the data plane, where the model costs next to nothing. (d) is (c) with another
 spec.model backend and precision (--backends, default openvino/int8), against (a)'s torch float32.
 (e) is (c) at the spec's default batching (no batchSize or maxTokens: a token budget for the device).
+Each packaged-model contender is also given as a fraction of this CPU's float32 peak (bench/model_flops.py:
+the model's FLOPs per text at the corpus's own token counts, against cores × clock × the AVX2 FMA width).
 
     HF_HUB_OFFLINE=1 python bench/throughput.py [--texts 4000] [--batch-size 32] [--cpus 2] [--rounds 3]
                                                 [--backends openvino/int8 ...] [--corpus PATH]
@@ -26,6 +28,7 @@ import time
 from pathlib import Path
 
 from corpus import add_corpus_argument, first_records
+from model_flops import cpu_peak, mean_text_flops
 from rounds import ratio, report, run_rounds
 from tiny_model import build_tiny_model
 
@@ -183,6 +186,22 @@ def main() -> None:
         **{f"(d)/(a), {b['backend']} {b['precision']}, steady":
            ratio(results, f"{backend_contender(b)} steady", a) for b in backends},
     }))
+    print(peak_fractions(results, [a, f"{b} steady", f"{c} steady", f"{DEFAULT_SPEC} steady",
+                                   *(f"{backend_contender(b)} steady" for b in backends)], texts, args.cpus))
+
+
+def peak_fractions(results: dict, contenders: list[str], texts: list[str], cpus: int) -> str:
+    """Each contender's median texts/s as GFLOP/s of the packaged model's work and as a fraction of the CPU's
+    float32 peak (bench/model_flops.py; an int8 backend's figure is the float32 work it stands in for)."""
+    flops, tokens = mean_text_flops(texts, model_dir())
+    peak, said = cpu_peak(cpus)
+    lines = [f"\nthe packaged model's work: {flops / 1e9:.3f} GFLOP per text ({tokens:.1f} tokens on average, "
+             f"no padding); the peak: {said}", "", "| contender | median texts/s | GFLOP/s | of the peak |",
+             "| --- | --- | --- | --- |"]
+    for name in contenders:
+        rate = results[name].median
+        lines.append(f"| {name} | {rate:,.1f} | {rate * flops / 1e9:,.1f} | {rate * flops / peak:.1%} |")
+    return "\n".join(lines)
 
 
 def backend_contender(backend: dict) -> str:
