@@ -27,6 +27,7 @@ from .rayjob import build_rayjob, owned_by, rayjob_name
 from .run_reader import RunReader, RunUnavailable
 from .schedule_plan import Run
 from .settings import Settings
+from .times import rfc3339
 
 # KubeRay deployment states in which the driver reports progress (or has reported its last).
 PROGRESS_STATES = ("Running", "Complete", "Failed")
@@ -132,7 +133,7 @@ def create_refused(name: str, exc: ApiException) -> Verdict:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(dt.datetime.now(dt.UTC))
 
 
 async def rayjob_deleted(job: dict[str, Any], current: dict[str, Any], rayjob: dict[str, Any] | None,
