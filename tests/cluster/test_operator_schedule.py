@@ -2,7 +2,8 @@
 `RayJobRunner` plays KubeRay + kubelet (each run's driver runs for real on a local Ray, with the packaged model and
 PostgreSQL). Three ticks, each an incremental run; concurrencyPolicy Forbid holds a tick while a run is active and
 starts it when that run ends, across an operator killed meanwhile (the operator's pending ticks metric says 1 while
-it waits); the history limit deletes the oldest completed run; the status follows."""
+it waits); the history limit deletes the oldest completed run; the status follows, and says Suspended once the
+schedule is."""
 
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ def pending_ticks(operator, namespace: str) -> float | None:
                  and sample.labels == {"namespace": namespace, "embeddingjob": "sync"}), None)
 
 
+def suspended_and_idle(kube, namespace: str) -> bool:
+    status = get_json(kube, "ej", "sync", "-n", namespace).get("status") or {}
+    return status.get("state") == "Suspended" and not status["schedule"].get("active")
+
+
 def tick_of(name: str) -> datetime:
     return datetime.fromtimestamp(int(name.rsplit("-", 1)[1]) * 60, timezone.utc)
 
@@ -69,14 +75,21 @@ def test_three_ticks_forbid_holds_a_tick_while_a_run_is_active_and_history_is_pr
         assert sorted(watcher.runs) == [first], watcher.runs
         job = get_json(kube, "ej", "sync", "-n", namespace)
         assert job["status"]["state"] == "Running" and job["status"]["schedule"]["active"] == [first], job["status"]
-        assert pending_ticks(operator, namespace) == 1.0  # the held tick, as the operator's metric says
+        # the held tick, as the operator's metric says (once its next look at the job has counted it)
+        wait_until("one pending tick in the metric", lambda: pending_ticks(operator, namespace) == 1.0, timeout=30)
 
         operator.restart(signal.SIGKILL)  # what it knew of the schedule is what is stored: no tick twice
         runner()  # KubeRay and the kubelet arrive: the first run runs, then the held tick's, then the next tick's
-        wait_until("three completed runs", lambda: len(watcher.completed()) >= 3, timeout=240)
+        wait_until("three completed runs", lambda: len(watcher.completed()) >= 3, timeout=360)
         first_run_gone = wait_until("the history limit's delete", lambda: first not in {
             job["metadata"]["name"] for job in get_json(kube, "ej", "-n", namespace)["items"]}, timeout=30)
-        time.sleep(2)  # the job's status catches up
+        running = get_json(kube, "ej", "sync", "-n", namespace)["status"]["schedule"]
+        assert running["lastSuccessfulTime"] and running["nextScheduleTime"] > running["lastScheduleTime"], running
+        # The status is compared with the runs below: suspended, no tick starts a run between those reads (on a slow
+        # machine a tick landed between them); the run already started goes on and ends.
+        kube.kubectl("patch", "ej", "sync", "-n", namespace, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+        wait_until("the schedule suspended with no run active", lambda: suspended_and_idle(kube, namespace), timeout=180)
+    watcher.poll()  # the last look, every run ended
     assert watcher.most_active == 1, watcher.runs  # Forbid: never two runs at once
 
     completed = watcher.completed()
@@ -96,8 +109,8 @@ def test_three_ticks_forbid_holds_a_tick_while_a_run_is_active_and_history_is_pr
     schedule = status["schedule"]
     newest = max(watcher.runs, key=tick_of)
     assert schedule["lastScheduleTime"] == watcher.runs[newest]["tick"]
-    assert schedule["lastSuccessfulTime"] and schedule["nextScheduleTime"] > schedule["lastScheduleTime"]
+    assert not schedule.get("nextScheduleTime"), schedule  # none while suspended
     assert [run["name"] for run in schedule["runs"]] == sorted((j["metadata"]["name"] for j in kept), reverse=True)
-    assert status["state"] in ("Scheduled", "Running") and status["reason"] in ("Scheduled", "RunActive")
+    assert (status["state"], status["reason"]) == ("Suspended", "ScheduleSuspended"), status
     started = [e["message"] for e in events_for(kube, namespace, "sync") if e["reason"] == "RunStarted"]
     assert len(started) >= 3 and any(first in message for message in started), started
