@@ -4,14 +4,17 @@ Each round runs the quickstart once per checkout, as a user does (a process of i
 `--verbose`), against a fresh embedded PostgreSQL (its own XDG_DATA_HOME: initdb included,
 nothing to skip). A phase's time is when its line reaches this script, from the command's
 start: the database up (`local_database_ready`) and Ray up (`ray_ready`), where the checkout
-logs them; the run announced (the command's first line: both are up); `run_started`;
+logs them; the tokenizer built or read back (`tokenizer_ready`, where the checkout builds it while Ray starts);
+the run announced (the command's first line: both are up); `run_started`;
 `workers_ready` (the actor has loaded the model); the first `batch_written`; the summary;
 and the whole command. Checkouts alternate within each round (bench/rounds.py):
 
-    HF_HUB_OFFLINE=1 python bench/startup.py [--rounds 3] [--checkout NAME=PATH ...]
+    HF_HUB_OFFLINE=1 python bench/startup.py [--rounds 3] [--first-run] [--checkout NAME=PATH ...]
 
 Without --checkout it measures this checkout; `--checkout main=../main --checkout this=.`
 compares two trees, each run with the same interpreter and its own packages first on the path.
+--first-run gives each run an empty cache too (XDG_CACHE_HOME): nothing an earlier run kept (the tokenizer), as
+on a machine's first run.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 COMMAND = ["-c", "import sys; from embedjob_cli.main import main; sys.exit(main())",
            "run", "examples/quickstart.yaml", "--verbose"]
 # The figure each line names, by the first text in it that names one; the summary's first line last.
-PHASES = (("event=local_database_ready", "database up s"), ("event=ray_ready", "ray up s"),
+PHASES = (("event=local_database_ready", "database up s"), ("event=tokenizer_ready", "tokenizer s"),
+          ("event=ray_ready", "ray up s"),
           ("embedjob: quickstart: ", "run announced s"), ("event=run_started", "run_started s"),
           ("event=workers_ready", "workers_ready s"), ("event=batch_written", "first batch s"),
           ("state              ", "summary s"))
@@ -41,11 +45,13 @@ def phase_of(line: str) -> str | None:
     return next((figure for marker, figure in PHASES if marker in line), None)
 
 
-def quickstart(checkout: Path) -> dict[str, float]:
-    """One run of the quickstart in `checkout` against a fresh embedded PostgreSQL: each phase's first line's time."""
-    with tempfile.TemporaryDirectory(prefix="embedjob-startup-") as data_home:
-        env = {**os.environ, "XDG_DATA_HOME": data_home, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join([str(checkout), str(checkout / "worker_image")])}
+def quickstart(checkout: Path, first_run: bool) -> dict[str, float]:
+    """One run of the quickstart in `checkout` against a fresh embedded PostgreSQL (and, `first_run`, an empty
+    cache): each phase's first line's time."""
+    with tempfile.TemporaryDirectory(prefix="embedjob-startup-") as home:
+        env = {**os.environ, "XDG_DATA_HOME": str(Path(home) / "data"), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": os.pathsep.join([str(checkout), str(checkout / "worker_image")]),
+               **({"XDG_CACHE_HOME": str(Path(home) / "cache")} if first_run else {})}
         env.pop("EMBEDJOB_DATABASE_URL", None)
         started = time.monotonic()
         process = subprocess.Popen([sys.executable, *COMMAND], cwd=checkout, env=env, stdout=subprocess.PIPE,
@@ -66,13 +72,15 @@ def quickstart(checkout: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--first-run", action="store_true", help="each run with an empty cache (XDG_CACHE_HOME)")
     parser.add_argument("--checkout", action="append", metavar="NAME=PATH",
                         help="a tree to run the quickstart in (repeat to compare; default: this checkout)")
     args = parser.parse_args()
     checkouts = dict(item.split("=", 1) for item in args.checkout or [f"this={REPO}"])
-    results = run_rounds({name: lambda path=Path(path).resolve(): quickstart(path) for name, path in checkouts.items()},
-                         rounds=args.rounds)
-    print(f"quickstart (989 records), {args.rounds} rounds, a fresh embedded PostgreSQL each run")
+    results = run_rounds({name: lambda path=Path(path).resolve(): quickstart(path, args.first_run)
+                          for name, path in checkouts.items()}, rounds=args.rounds)
+    print(f"quickstart (989 records), {args.rounds} rounds, a fresh embedded PostgreSQL each run"
+          + (", an empty cache each run" if args.first_run else ""))
     print(report(results, unit="s (lower is better)"))
 
 

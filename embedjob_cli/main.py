@@ -137,10 +137,12 @@ def _run(config: JobConfig, database_url: Callable[[], str], args: argparse.Name
     from embedjob_worker.plan.batching import estimated_batches
     from embedjob_worker.driver import fault_injection_from_env
     from embedjob_worker.core.metrics import DriverMetrics
+    from embedjob_worker.encode.tokens import prewarm_tokenizer
     from embedjob_worker.run.job import DriverOptions, run_job
     from embedjob_worker.source.files import count_records, resolve_uri
     from embedjob_worker.source.table import table_uri
 
+    prewarm_tokenizer(config.spec)  # a first start's tokenizer build overlaps Ray's start
     workers = config.spec.workers
     needed_cpus = workers.replicas * workers.cpus_per_actor
     # address="local": a fresh Ray on this machine even when RAY_ADDRESS points elsewhere.

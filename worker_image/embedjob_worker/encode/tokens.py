@@ -8,17 +8,22 @@ sentence-transformers strips it, with the special tokens, capped at the model's 
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import time
 from pathlib import Path
 
-from embedjob.api import Chunking
+from embedjob.api import Chunking, EmbeddingJobSpec
 
 from embedjob_worker.plan.batching import TokenBudget
 from embedjob_worker.plan.chunking import Chunker
 from embedjob_worker.plan.counting import TokenCount
 from embedjob_worker.core.errors import JobFailed
-from embedjob_worker.encode.model import ResolvedModel
+from embedjob_worker.core.logs import log_event
+from embedjob_worker.encode.model import ResolvedModel, package_model_dir
 from embedjob_worker.encode.tokenizer_cache import keep_tokenizer, kept_tokenizer, tokenizer_entry
 
+log = logging.getLogger("embedjob_worker.encode.tokens")
 # A model whose tokenizer states no limit (model_max_length is then a huge number) gets no default chunk size.
 _LARGEST_DEFAULT_CHUNK = 8192
 
@@ -54,17 +59,51 @@ def model_token_limit(resolved: ResolvedModel) -> int | None:
 def load_tokenizer(resolved: ResolvedModel):
     """The model's tokenizer, without the weights: as kept by an earlier start on this machine
     (encode.tokenizer_cache), else built by transformers' AutoTokenizer (and kept)."""
-    location = tokenizer_location(resolved.location)
-    entry = tokenizer_entry(location, resolved.hub_revision)  # the folder's files read once, for both ways
-    kept = kept_tokenizer(entry) if entry is not None else None
-    if kept is not None:
-        return kept
-    from transformers import AutoTokenizer
+    return _tokenizer_at(resolved.location, resolved.hub_revision)
 
-    tokenizer = AutoTokenizer.from_pretrained(location, revision=resolved.hub_revision)
-    if entry is not None:
-        keep_tokenizer(entry, tokenizer)
-    return tokenizer
+
+# One build at a time in a process: a start that needs the tokenizer while prewarm_tokenizer's thread builds it
+# waits for that build and then reads what it kept, rather than building it a second time beside it.
+_building = threading.Lock()
+
+
+def _tokenizer_at(model_location: str, hub_revision: str | None):
+    location = tokenizer_location(model_location)
+    with _building:
+        entry = tokenizer_entry(location, hub_revision)  # the folder's files read once, for both ways
+        kept = kept_tokenizer(entry) if entry is not None else None
+        if kept is not None:
+            return kept
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(location, revision=hub_revision)
+        if entry is not None:
+            keep_tokenizer(entry, tokenizer)
+        return tokenizer
+
+
+def prewarm_tokenizer(spec: EmbeddingJobSpec) -> threading.Thread | None:
+    """Build and keep, in a thread of its own, the tokenizer of a job that plans by tokens (a token budget or
+    chunking) when its model is a local folder (a path or a package), so that a first start on a machine (about
+    5 s of transformers and torch imports) overlaps Ray's start instead of following it. None when there is
+    nothing to build ahead; a failure here is left to the run's own load, which says what went wrong."""
+    model = spec.model
+    if (spec.chosen_batching.max_tokens is None and spec.chunking is None) or not (model.path or model.package):
+        return None
+
+    def build() -> None:
+        started = time.monotonic()
+        try:
+            directory = Path(model.path) if model.path else package_model_dir(model.package)
+            _tokenizer_at(str(directory), None)
+        except Exception as exc:  # noqa: BLE001 - the run loads it again and reports its own error
+            log_event(log, "tokenizer_prewarm_failed", logging.DEBUG, error=f"{type(exc).__name__}: {exc}"[:300])
+            return
+        log_event(log, "tokenizer_ready", seconds=round(time.monotonic() - started, 2))
+
+    thread = threading.Thread(target=build, name="tokenizer-prewarm", daemon=True)
+    thread.start()
+    return thread
 
 
 class TokenCounter:
