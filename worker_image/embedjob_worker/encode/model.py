@@ -114,11 +114,19 @@ def package_model_dir(distribution: str) -> Path:
     return min(candidates, key=lambda p: len(p.parts))
 
 
+def local_model_dir(model: Model) -> Path | None:
+    """The folder a model's files are in on this machine when the spec names one (a path or a package); None for
+    a hub id or a model from storage."""
+    if model.path:
+        return Path(model.path)
+    return package_model_dir(model.package) if model.package else None
+
+
 def resolve_model(model: Model) -> ResolvedModel:
     """Where to load the model from and which revision its vectors are recorded under. A model from storage
     (`uri`) is fetched into this node's cache and verified here, so that a wrong one stops the job at its start."""
-    if model.path or model.package:
-        directory = Path(model.path) if model.path else package_model_dir(model.package)
+    directory = local_model_dir(model)
+    if directory is not None:
         location, revision, hub_revision = str(directory), weights_revision(directory), None
     elif model.uri:
         location, revision, hub_revision = str(fetch_model(model.uri, model.revision)), model.revision, None

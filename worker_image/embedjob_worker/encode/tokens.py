@@ -20,7 +20,7 @@ from embedjob_worker.plan.chunking import Chunker
 from embedjob_worker.plan.counting import TokenCount
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.logs import log_event
-from embedjob_worker.encode.model import ResolvedModel, package_model_dir
+from embedjob_worker.encode.model import ResolvedModel, local_model_dir
 from embedjob_worker.encode.tokenizer_cache import keep_tokenizer, kept_tokenizer, tokenizer_entry
 
 log = logging.getLogger("embedjob_worker.encode.tokens")
@@ -94,8 +94,7 @@ def prewarm_tokenizer(spec: EmbeddingJobSpec) -> threading.Thread | None:
     def build() -> None:
         started = time.monotonic()
         try:
-            directory = Path(model.path) if model.path else package_model_dir(model.package)
-            _tokenizer_at(str(directory), None)
+            _tokenizer_at(str(local_model_dir(model)), None)
         except Exception as exc:  # noqa: BLE001 - the run loads it again and reports its own error
             log_event(log, "tokenizer_prewarm_failed", logging.DEBUG, error=f"{type(exc).__name__}: {exc}"[:300])
             return
