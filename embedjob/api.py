@@ -25,7 +25,8 @@ from .api_pod_volumes import RESERVED_ENV_PREFIX
 from .api_pods import HEAD_CONTAINER, WORKER_CONTAINER, Head, PodDefaults
 from .api_model import HALF_PRECISIONS, Model, ModelBackend, ModelPrecision, ModelPrompt
 from .api_batching import Batching, ChosenBatching, choose_batching
-from .api_sections import FULL_SCAN_NEEDS_CHANGES, MAX_METADATA_BYTES, ApiModel, Chunking, Retry, Source, Sync, Workers
+from .api_sections import FULL_SCAN_NEEDS_CHANGES, ApiModel, Chunking, Retry, Sync, Workers
+from .api_source import MAX_METADATA_BYTES, Source
 from .api_sink import HNSW_DEFAULT_EF_CONSTRUCTION, HNSW_DEFAULT_M, IndexType, Sink, VectorIndex
 from .api_schedule import MAX_SCHEDULED_NAME, Schedule
 from .api_table import NULL_OPS, SOURCE_IDENTIFIER, SourceTable, TableFilter
@@ -74,8 +75,8 @@ OVERLAP_WITHIN_MODEL = (
 
 METADATA_INDEX_NEEDS_FIELDS = (
     "!has(self.sink.index) || !has(self.sink.index.metadata) || !self.sink.index.metadata "
-    "|| has(self.source.metadataFields)",
-    "sink.index.metadata indexes the metadata that source.metadataFields keeps: set metadataFields too",
+    "|| has(self.source.metadataFields) || has(self.source.metadataFieldMap)",
+    "sink.index.metadata indexes the metadata that source.metadataFields (or metadataFieldMap) keeps: set one",
 )
 
 
@@ -210,7 +211,7 @@ class EmbeddingJobSpec(ApiModel):
 
     @model_validator(mode="after")
     def _metadata_index_has_metadata(self) -> "EmbeddingJobSpec":
-        if self.sink.index is not None and self.sink.index.metadata and not self.source.metadata_fields:
+        if self.sink.index is not None and self.sink.index.metadata and not self.source.metadata:
             raise ValueError(METADATA_INDEX_NEEDS_FIELDS[1])
         return self
 

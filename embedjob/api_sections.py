@@ -1,8 +1,8 @@
-"""The spec sections source, workers, retry, sync and chunking of the EmbeddingJob.
+"""The spec sections workers, retry, sync and chunking of the EmbeddingJob.
 
 `embedjob.api` assembles them into `EmbeddingJobSpec`; their base model is `embedjob.api_base.ApiModel`,
-the batching section is in `embedjob.api_batching`, the model in `embedjob.api_model`, the sink in
-`embedjob.api_sink`, the table source's parts in `embedjob.api_table` and the pod settings
+the source is in `embedjob.api_source`, the batching section in `embedjob.api_batching`, the model in
+`embedjob.api_model`, the sink in `embedjob.api_sink`, the table source's parts in `embedjob.api_table` and the pod settings
 (`workers.template`, `head`) in `embedjob.api_pods`. Every field has a description:
 the CRD generated from these models (`embedjob.crd`) is what `kubectl explain` shows,
 with each field's default appended there.
@@ -11,149 +11,14 @@ with each field's default appended there.
 from __future__ import annotations
 
 import math
-import re
-from enum import Enum
-from typing import Annotated
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from .api_base import ApiModel, SecretKeyRef
+from .api_base import ApiModel
 from .api_pods import WorkerPodTemplate
 from .api_rules import (
     CPU_STEP, CPU_STEP_RULE, GPU_SHARE_RULE, MIN_GPU_SHARE, cel, ray_quantity,
 )
-from .api_table import SOURCE_IDENTIFIER, SourceTable
-from .text_template import TextTemplate, parse_template
-
-
-class SourceFormat(str, Enum):
-    jsonl = "jsonl"
-    csv = "csv"
-    parquet = "parquet"
-
-
-DEFAULT_TEXT_FIELD = "text"
-TABLE_TEXT = ("a table source takes its text from table.textColumn or from textTemplate (its fields the table's "
-              "columns): set exactly one")
-TABLE_TEMPLATE_FIELD = ("a table source's textTemplate fields are its columns: letters, digits and underscores, not "
-                        "starting with a digit, at most 63 characters")
-TEMPLATE_OR_TEXT_FIELD = "set textTemplate or textField, not both: the template names its fields itself"
-MAX_METADATA_FIELDS = 32
-# A record's metadata (its JSON) larger than this fails the record (metadata_too_large).
-MAX_METADATA_BYTES = 64 * 1024
-METADATA_COLUMN = ("a table source's metadataFields are its columns: letters, digits and underscores, not starting "
-                   "with a digit, at most 63 characters")
-
-
-class Source(ApiModel):
-    """Where the texts come from: one file or a dataset of many (uri), or one PostgreSQL table or view (table),
-    streamed record by record (never loaded whole)."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel("has(self.uri) != has(self.table)", "set exactly one of uri and table", ".uri"),
-                cel("!has(self.table) || has(self.table.textColumn) != has(self.textTemplate)", TABLE_TEXT,
-                    ".textTemplate"),
-                cel("!has(self.metadataFields) || self.metadataFields.all(n, self.metadataFields.exists_one(m, m == n))",
-                    "a field is named twice", ".metadataFields"),
-                cel(f"!has(self.metadataFields) || !has(self.table) || self.metadataFields.all(n, "
-                    f"n.matches('{SOURCE_IDENTIFIER}'))", METADATA_COLUMN, ".metadataFields"),
-                cel("!has(self.databaseSecretRef) || has(self.table)",
-                    "databaseSecretRef names the database of a table source; a file source has none",
-                    ".databaseSecretRef"),
-            ]
-        }
-    )
-
-    uri: Annotated[
-        str | None,
-        Field(
-            min_length=1,
-            max_length=2048,
-            description="The input file: a URL (s3://, gs://, az://, https://, file:///...) or, on a cluster, an "
-            "absolute path in the worker image or on a volume mounted into the Ray pods (a relative path is "
-            "refused: RelativeSourcePath). `embedjob run` also takes a path relative to the manifest's directory. "
-            "A dataset of many files: a prefix ending in / (every file under it whose name ends in the format's "
-            "extension) or a glob (*, ?, [...], ** across folders), read in lexical order of key (docs/sources.md).",
-        ),
-    ] = None
-    format: SourceFormat = Field(
-        SourceFormat.jsonl, description="Input format: jsonl (one JSON object a line), csv (with a header row) or parquet."
-    )
-    id_field: str = Field(
-        "id", min_length=1, max_length=256,
-        description="Field (column) holding each record's id, unique within the input; the id of its vector row.",
-    )
-    text_field: str = Field(
-        DEFAULT_TEXT_FIELD, min_length=1, max_length=256, description="Field (column) holding the text to embed."
-    )
-    text_template: str | None = Field(
-        None, min_length=1, max_length=4096, pattern=r"^[^\x00]*$",
-        description="The text to embed built from several fields instead of textField, e.g. \"{title}\\n\\n{body}\": "
-        "each {name} a field of a JSON line (a dotted name is a path into nested objects where no field has the "
-        "name itself), a column of a CSV or Parquet file, or a column of the table (instead of table.textColumn); "
-        "{{ and }} are braces. A record without one of the fields, or whose field is not text, fails alone (reason "
-        "template_field, naming it). Not with a textField other than text (docs/sources.md).",
-    )
-    metadata_fields: list[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00]*$")]] | None = Field(
-        None, min_length=1, max_length=MAX_METADATA_FIELDS,
-        description=f"Fields kept beside each record's vectors, in the vectors table's metadata (jsonb) under their "
-        f"names (1-{MAX_METADATA_FIELDS}): fields of a JSON line (a dotted name is a path into nested objects where "
-        "no field has the name itself), columns of a CSV or Parquet file or of the table. A field a record lacks is "
-        "null; a value JSON cannot hold (NUL, not UTF-8, NaN, bytes) or metadata over "
-        f"{MAX_METADATA_BYTES // 1024} KiB fails that record alone, naming the field. A re-run updates metadata "
-        "that alone changed without embedding the text again (docs/sources.md).",
-    )
-    table: SourceTable | None = Field(
-        None, description="A PostgreSQL table or view to embed instead of a file (docs/table-source.md).")
-    database_secret_ref: SecretKeyRef | None = Field(
-        None, description="Secret key holding the URL of the database the table is in. Unset: the sink's database.")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "Source":
-        if (self.uri is None) == (self.table is None):
-            raise ValueError("set exactly one of uri and table")
-        if self.database_secret_ref is not None and self.table is None:
-            raise ValueError("databaseSecretRef names the database of a table source; a file source has none")
-        if self.table is not None and (self.table.text_column is None) == (self.text_template is None):
-            raise ValueError(TABLE_TEXT)
-        if self.table is not None and self.text_template is not None:
-            for name in parse_template(self.text_template).fields:
-                if not re.fullmatch(SOURCE_IDENTIFIER, name):
-                    raise ValueError(f"textTemplate field {name!r}: {TABLE_TEMPLATE_FIELD}")
-        if self.text_template is not None and self.text_field != DEFAULT_TEXT_FIELD:
-            raise ValueError(TEMPLATE_OR_TEXT_FIELD)
-        if self.table is not None:
-            for index, name in enumerate(self.metadata_fields or []):
-                if not re.fullmatch(SOURCE_IDENTIFIER, name):
-                    raise ValueError(f"metadataFields[{index}]: {METADATA_COLUMN}")
-        return self
-
-    @field_validator("metadata_fields")
-    @classmethod
-    def _metadata_names_once(cls, names: list[str] | None) -> list[str] | None:
-        for index, name in enumerate(names or []):
-            if name in names[:index]:
-                raise ValueError(f"metadataFields[{index}]: {name!r} is named twice")
-        return names
-
-    @field_validator("text_template")
-    @classmethod
-    def _template_parses(cls, template: str | None) -> str | None:
-        if template is not None:
-            parse_template(template)  # its ValueError says where
-        return template
-
-    @property
-    def template(self) -> TextTemplate | None:
-        """textTemplate parsed, None without one."""
-        return parse_template(self.text_template) if self.text_template is not None else None
-
-    @property
-    def text_of(self) -> str | TextTemplate:
-        """What the readers take each record's text from: textTemplate parsed, else textField."""
-        return self.template or self.text_field
 
 
 WORKER_RULES = {

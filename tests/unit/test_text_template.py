@@ -134,7 +134,7 @@ def test_csv_and_parquet_columns_fill_the_template_and_parquet_reads_only_their_
 def test_a_table_source_selects_the_templates_columns_and_breaks_id_ties_by_them_in_order():
     parsed = source_spec(uri=None, table={"name": "docs", "idColumn": "id"}, textTemplate="{title}: {Body}",
                          metadataFields=["lang"])
-    queries = table_queries(parsed.source.table, parsed.source.text_of, parsed.source.metadata_fields)
+    queries = table_queries(parsed.source.table, parsed.source.text_of, parsed.source.metadata)
     assert queries.first_page.as_string(None) == (
         'SELECT source."id"::text, source."title", source."Body", source."lang" FROM "public"."docs" AS source'
         ' WHERE source."id" IS NOT NULL ORDER BY source."id", source."id"::text COLLATE "C",'

@@ -111,6 +111,7 @@ def run_identity(spec: EmbeddingJobSpec, model_revision: str, prompt: str = "") 
         **({"model.prompt": prompt} if prompt else {}),
         **({"model.dimensions": spec.model.dimensions} if spec.model.dimensions is not None else {}),
         **({"source.metadataFields": spec.source.metadata_fields} if spec.source.metadata_fields else {}),
+        **({"source.metadataFieldMap": spec.source.metadata_field_map} if spec.source.metadata_field_map else {}),
     }
 
 

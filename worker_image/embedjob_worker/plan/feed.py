@@ -124,7 +124,7 @@ class _Feed:
         spec, files = self.plan.spec, self.plan.files
         window = spec.batching.sort_window or spec.chosen_batching.batch_size
         source = spec.source
-        with DatasetReader(files, source.format, source.id_field, source.text_of, source.metadata_fields or ()) as reader:
+        with DatasetReader(files, source.format, source.id_field, source.text_of, source.metadata) as reader:
             first_file = 0
             while first_file < len(files):
                 done = self.skips.shards_read.get(first_file)

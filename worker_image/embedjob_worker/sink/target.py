@@ -58,7 +58,7 @@ class SinkTarget:
         spec = config.spec
         return cls(config.job_key, spec.sink.collection, spec.sink.table,
                    content_salt(spec.model.normalize, spec.model.max_seq_length, spec.chunking),
-                   spec.sink.vector_type, metadata=bool(spec.source.metadata_fields))
+                   spec.sink.vector_type, metadata=bool(spec.source.metadata))
 
     @property
     def vectors(self) -> VectorsTable:

@@ -20,6 +20,7 @@ from embedjob_worker.core.records import RawRecord
 from embedjob_worker.source.dataset import fetched_whole, opened_as_listed
 from embedjob_worker.source.files import Opener, read_records
 from embedjob_worker.source.record_fields import TextOf
+from embedjob_worker.source.record_metadata import MetadataFields
 from embedjob_worker.source.snapshot import InputSnapshot
 
 
@@ -27,7 +28,7 @@ class DatasetReader:
     """The records of a dataset's `files` (dataset.DatasetSnapshot), a shard at a time; close() ends its fetches."""
 
     def __init__(self, files: Sequence[InputSnapshot], fmt: str, id_field: str, text_of: TextOf,
-                 metadata: Sequence[str] = ()):
+                 metadata: MetadataFields = ()):
         self.files, self.fmt, self.id_field, self.text_of, self.metadata = files, fmt, id_field, text_of, metadata
         self.next_file = 0  # where the last shard read ended
         self._fetcher = ThreadPoolExecutor(1, thread_name_prefix="embedjob-fetch")

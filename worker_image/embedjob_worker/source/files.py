@@ -14,7 +14,7 @@ import csv
 import io
 import json
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from pathlib import Path
@@ -31,6 +31,7 @@ from embedjob_worker.core.change_window import ChangeWindow
 from embedjob_worker.core.records import MAX_RECORD_BYTES, BadReason, RawRecord
 from embedjob_worker.source.csv_records import SkippedCsvRecord, csv_records
 from embedjob_worker.source.record_fields import RecordFields, TextOf, columns_for
+from embedjob_worker.source.record_metadata import MetadataFields
 from embedjob_worker.source.dataset import dataset_files, is_dataset
 from embedjob_worker.source.unavailable import in_a_store
 
@@ -113,16 +114,16 @@ def source_records(source: Source, uri: str, database_url: str | None,
     if source.table is not None:
         from embedjob_worker.source.table import read_table_records  # psycopg: only table sources need it
 
-        return read_table_records(database_url, source.table, source.template, source.metadata_fields or (), window)
-    return read_records(uri, source.format, source.id_field, source.text_of, metadata=source.metadata_fields or ())
+        return read_table_records(database_url, source.table, source.template, source.metadata, window)
+    return read_records(uri, source.format, source.id_field, source.text_of, metadata=source.metadata)
 
 
 def read_records(uri: str, fmt: str, id_field: str, text_of: TextOf, first: int = 0,
-                 opener: Opener | None = None, metadata: Sequence[str] = ()) -> Iterator[RawRecord]:
+                 opener: Opener | None = None, metadata: MetadataFields = ()) -> Iterator[RawRecord]:
     """The records of one file, numbered from position `first`, with the `metadata` fields' values
     (spec.source.metadataFields); its bytes from `opener` (default: fsspec's)."""
     readers = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}
-    return readers[fmt](uri, RecordFields(id_field, text_of, tuple(metadata)), first, opener or _fsspec_opener(uri))
+    return readers[fmt](uri, RecordFields(id_field, text_of, metadata), first, opener or _fsspec_opener(uri))
 
 
 def count_records(uri: str, fmt: str) -> int | None:

@@ -15,7 +15,7 @@ from typing import Any
 from embedjob.text_template import FieldNotText, TextTemplate, field_of
 
 from embedjob_worker.core.records import BadReason, RawRecord
-from embedjob_worker.source.record_metadata import metadata_of
+from embedjob_worker.source.record_metadata import MetadataFields, metadata_of
 
 TextOf = str | TextTemplate  # spec.source.text_of: a field's name, or the template
 
@@ -26,7 +26,7 @@ class RecordFields:
 
     id_field: str
     text_of: TextOf
-    metadata: tuple[str, ...] = ()
+    metadata: MetadataFields = ()
 
     def record(self, position: int, fields: Mapping[str, Any]) -> RawRecord:
         return record_of(position, fields, self.id_field, self.text_of, self.metadata)
@@ -37,7 +37,7 @@ class RecordFields:
 
 
 def record_of(position: int, fields: Mapping[str, Any], id_field: str, text_of: TextOf,
-              metadata: Sequence[str] = ()) -> RawRecord:
+              metadata: MetadataFields = ()) -> RawRecord:
     """The record of `fields`: its id, its text and, with `metadata` (spec.source.metadataFields), their values'
     JSON (record_metadata); a record with a field it cannot use as a problem, naming the field."""
     record_id = fields.get(id_field)
@@ -56,13 +56,13 @@ def record_of(position: int, fields: Mapping[str, Any], id_field: str, text_of: 
     return RawRecord(position, record_id, text, metadata=kept)
 
 
-def columns_for(available: Sequence[str], id_field: str, text_of: TextOf, metadata: Sequence[str] = ()) -> list[str]:
+def columns_for(available: Sequence[str], id_field: str, text_of: TextOf, metadata: MetadataFields = ()) -> list[str]:
     """The columns a columnar file is read with (its other columns are never read): the id's and the text's, or
     those the template's fields are in, and the metadata's (a dotted field's top-level struct column where no
     column has its whole name). A field's column the file does not have is left out: a template's records then
     fail by that field; a metadata field is null."""
     named = [text_of] if isinstance(text_of, str) else list(text_of.fields)
-    wanted = [name if name in available else name.split(".")[0] for name in (*named, *metadata)]
+    wanted = [name if name in available else name.split(".")[0] for name in (*named, *(field for _, field in metadata))]
     if isinstance(text_of, str) and not metadata:
         return [id_field, text_of]
     return list(dict.fromkeys([id_field, *(name for name in wanted if name in available)]))

@@ -16,7 +16,7 @@ import decimal
 import json
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from embedjob.api import MAX_METADATA_BYTES
@@ -29,15 +29,21 @@ class _NotJson(Exception):
     """A value jsonb cannot hold; the message says what it is."""
 
 
-def metadata_of(fields: Mapping[str, Any], names: Sequence[str]) -> str | tuple[BadReason, str]:
-    """The JSON text of `names`' values in `fields` (a JSON object, a row), or why the record cannot have it."""
+#: spec.source.metadataFields as (the name kept in the metadata, the field it is read from) pairs (Source.metadata)
+MetadataFields = tuple[tuple[str, str], ...]
+
+
+def metadata_of(fields: Mapping[str, Any], metadata: MetadataFields) -> str | tuple[BadReason, str]:
+    """The JSON text of the `metadata` fields' values in `fields` (a JSON object, a row), each under its name, or why
+    the record cannot have it."""
     values = {}
-    for name in names:
-        value = field_of(fields, name)
+    for name, field in metadata:
+        value = field_of(fields, field)
         try:
             values[name] = _json_value(None if value is MISSING else value)
         except _NotJson as exc:
-            return BadReason.metadata_field, f"metadata field {name!r}: {exc}"[:200]
+            named = repr(name) if name == field else f"{name!r} ({field!r})"
+            return BadReason.metadata_field, f"metadata field {named}: {exc}"[:200]
     text = json.dumps(values, ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False)
     size = len(text.encode("utf-8"))
     if size > MAX_METADATA_BYTES:

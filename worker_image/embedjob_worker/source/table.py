@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import psycopg
@@ -47,6 +47,7 @@ from embedjob_worker.core.change_window import ChangeWindow, Watermark
 from embedjob_worker.core.records import RawRecord
 from embedjob_worker.source.change_watermark import take_watermark
 from embedjob_worker.source.record_fields import RecordFields
+from embedjob_worker.source.record_metadata import MetadataFields
 from embedjob_worker.source.snapshot import InputSnapshot
 from embedjob_worker.source.table_session import SourceSession, libpq_url
 
@@ -103,7 +104,7 @@ class TableQueries(NamedTuple):
     params: list[Any]
 
 
-def table_queries(table: SourceTable, template: TextTemplate | None = None, metadata: Sequence[str] = (),
+def table_queries(table: SourceTable, template: TextTemplate | None = None, metadata: MetadataFields = (),
                   changed_since: Watermark | None = None) -> TableQueries:
     """How the table is read: SELECT id::text, text FROM schema.name WHERE [filter AND] id IS NOT NULL, in
     pages ORDER BY id, id::text COLLATE "C", text::text COLLATE "C"; then the count of rows without an id.
@@ -136,7 +137,7 @@ def table_queries(table: SourceTable, template: TextTemplate | None = None, meta
     def where(*more: sql.Composable) -> sql.Composable:
         return sql.SQL(" WHERE ") + sql.SQL(" AND ").join([*conditions, *more])
 
-    kept = [sql.SQL(", source.{}").format(_identifier(name, f"metadataFields[{n}]")) for n, name in enumerate(metadata)]
+    kept = [sql.SQL(", source.{}").format(_identifier(field, f"metadataFields field {field!r}")) for _, field in metadata]
     select = sql.SQL("SELECT {}::text, {}{} ").format(id_column, sql.SQL(", ").join(text_columns),
                                                       sql.Composed(kept)) + source
     ties = sql.SQL(", ").join(sql.SQL('{}::text COLLATE "C"').format(column) for column in text_columns)
@@ -173,20 +174,20 @@ def table_uri(table: SourceTable) -> str:
 
 
 def read_table_records(url: str, table: SourceTable, template: TextTemplate | None = None,
-                       metadata: Sequence[str] = (), window: ChangeWindow | None = None) -> Iterator[RawRecord]:
+                       metadata: MetadataFields = (), window: ChangeWindow | None = None) -> Iterator[RawRecord]:
     """The table's rows as RawRecords (id as text, the text column as stored or the `template` rendered from its
     columns, the `metadata` columns' values as JSON), in id order, then one without id or text per row whose id is
     NULL; with a change `window`, only its rows, its watermark taken before the first page (change_watermark).
     SourceWaitExceeded when a statement or lock wait outlasts its bound."""
     queries = table_queries(table, template, metadata, window.read_from if window is not None else None)
     names = list(template.fields) if template is not None else [_TEXT]
-    made_of = RecordFields(_ID, template or _TEXT, tuple(metadata))
+    made_of = RecordFields(_ID, template or _TEXT, metadata)
     position = 0
     with SourceSession(url, table_uri(table)) as session:
         if window is not None:
             take_watermark(session, table, window)
         for record_id, *values in _pages(session, queries):
-            yield (made_of.record(position, {_ID: record_id, **dict(zip([*names, *metadata], values))})
+            yield (made_of.record(position, {_ID: record_id, **dict(zip([*names, *(field for _, field in metadata)], values))})
                    if template is not None or metadata else RawRecord(position, record_id, values[0]))
             position += 1
         for _ in range(session.rows(queries.null_ids, queries.params)[0][0]):
