@@ -1,5 +1,6 @@
-"""spec.source.metadataFields: its checks at apply time, and each reader (JSONL, CSV, Parquet) keeping a record's
-fields as one canonical JSON object, hostile values failing only their record, naming the field."""
+"""spec.source.metadataFields and metadataFieldMap: their checks at apply time, and each reader (JSONL, CSV,
+Parquet) keeping a record's fields as one canonical JSON object, hostile values failing only their record, naming the
+field."""
 
 import datetime
 import decimal

@@ -81,7 +81,7 @@ def upgrade_vectors_table(engine: sa.Engine, table: VectorsTable) -> bool:
 
 def add_metadata_columns(engine: sa.Engine, table: VectorsTable) -> bool:
     """Add the metadata columns (vectors_schema.metadata_columns) to an existing vectors table that lacks them (one created
-    before they existed), for a job with spec.source.metadataFields; whether it did. JobFailed
+    before they existed), for a job with spec.source.metadataFields or metadataFieldMap; whether it did. JobFailed
     (VectorsTableOutdated) naming the statement when this role does not own the table."""
     quoted = table.sql
     with engine.begin() as conn:
@@ -95,7 +95,7 @@ def add_metadata_columns(engine: sa.Engine, table: VectorsTable) -> bool:
         owned, role = conn.execute(_OWNED_SQL, {"t": quoted}).one()
         if not owned:
             raise JobFailed("VectorsTableOutdated",
-                            f"spec.source.metadataFields: table {table} has no metadata columns and role {role} does "
+                            f"spec.source.metadataFields/metadataFieldMap: table {table} has no metadata columns and role {role} does "
                             f"not own it, so the driver may not add them: its owner runs `{statement}` (instant: "
                             "no row is rewritten), or set spec.sink.table to another table")
         conn.execute(sa.text(statement))

@@ -38,8 +38,8 @@ class RecordFields:
 
 def record_of(position: int, fields: Mapping[str, Any], id_field: str, text_of: TextOf,
               metadata: MetadataFields = ()) -> RawRecord:
-    """The record of `fields`: its id, its text and, with `metadata` (spec.source.metadataFields), their values'
-    JSON (record_metadata); a record with a field it cannot use as a problem, naming the field."""
+    """The record of `fields`: its id, its text and, with `metadata` (Source.metadata), their values' JSON
+    (record_metadata); a record with a field it cannot use as a problem, naming the field."""
     record_id = fields.get(id_field)
     if isinstance(text_of, str):
         text = fields.get(text_of)

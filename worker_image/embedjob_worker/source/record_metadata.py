@@ -1,4 +1,4 @@
-"""A record's metadata (spec.source.metadataFields): its fields' values as one JSON object's text, or why it has none.
+"""A record's metadata (metadataFields, metadataFieldMap): its fields' values as one JSON object's text, or why it has none.
 
 The text is canonical (keys sorted, no spaces, UTF-8 as it is), so the same values give the
 same text and the same metadata hash on every read. A field the record lacks is null. A value
@@ -29,7 +29,7 @@ class _NotJson(Exception):
     """A value jsonb cannot hold; the message says what it is."""
 
 
-#: spec.source.metadataFields as (the name kept in the metadata, the field it is read from) pairs (Source.metadata)
+#: what the metadata keeps, as (its name there, the field it is read from) pairs: Source.metadata
 MetadataFields = tuple[tuple[str, str], ...]
 
 
