@@ -1,11 +1,15 @@
-"""spec.source.metadataFields end to end: real Ray, the real model, real PostgreSQL. Each record's fields are kept
-beside its vectors (a file and a table source), a hostile value fails its record alone, a re-run after a change to
-metadata alone rewrites it without a model call, the GIN index serves `--where` filters, and a table from before
-the metadata columns gets them in place."""
+"""spec.source.metadataFields and metadataFieldMap end to end: real Ray, the real model, real PostgreSQL. Each
+record's fields are kept beside its vectors (JSONL, CSV, Parquet and table sources; CSV and Parquet with a text
+template too), a hostile value fails its record alone, a re-run after a change to metadata alone rewrites it without
+a model call, the GIN index serves `--where` filters, and a table from before the metadata columns gets them in
+place."""
 
+import csv
 import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
 
@@ -162,3 +166,37 @@ def test_a_table_from_before_is_refused_to_a_role_that_does_not_own_it_naming_th
     assert {"metadata", "metadata_hash"} <= {r[0] for r in query(database_url, columns)}
     assert add_metadata_columns(owner, table) is False  # nothing left to add
     owner.dispose()
+
+
+def test_a_csv_and_a_parquet_source_keep_their_templates_text_and_their_metadata_under_both_names(
+        ray_address, database_url, tmp_path):
+    paragraphs = [json.loads(line) for line in corpus_lines(500, 10)]
+    rows = [{"id": p["id"], "title": f"Title {n}", "body": p["text"], "lang": "de" if n % 2 else "en", "year": 2000 + n}
+            for n, p in enumerate(paragraphs)]
+    with open(tmp_path / "in.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "title", "body", "lang", "year"])
+        writer.writerows([[r["id"], r["title"], r["body"], r["lang"], r["year"]] for r in rows])
+        writer.writerow(["short-row", "a title alone"])  # no body: its record fails alone, naming the field
+    pq.write_table(pa.table({"id": [r["id"] for r in rows] + ["null-body"],
+                             "title": [r["title"] for r in rows] + ["a title"], "body": [r["body"] for r in rows] + [None],
+                             "meta": [{"lang": r["lang"], "year": r["year"]} for r in rows] + [None]}),
+                   tmp_path / "in.parquet")
+    text = {r["id"]: f"{r['title']}: {r['body']}" for r in rows}
+    for fmt, fields, renamed, values in [
+            ("csv", ["year"], {"language": "lang"}, lambda r: {"year": str(r["year"]), "language": r["lang"]}),
+            ("parquet", ["meta.year"], {"language": "meta.lang"},
+             lambda r: {"meta.year": r["year"], "language": r["lang"]})]:
+        job = manifest(tmp_path / f"in.{fmt}", f"fields-{fmt}")
+        job["spec"]["source"].update(format=fmt, textTemplate="{title}: {body}", metadataFields=fields,
+                                     metadataFieldMap=renamed)
+        summary = run_job(JobConfig.from_manifest(job), database_url)
+        assert summary.state == "succeeded", summary.error
+        assert (summary.counters.records_embedded, summary.counters.records_failed) == (10, 1), fmt
+        stored = {r.record_id: (r.text, r.metadata) for r in query(
+            database_url, f"SELECT record_id, text, metadata FROM embeddings WHERE collection = 'fields-{fmt}'")}
+        assert stored == {r["id"]: (text[r["id"]], values(r)) for r in rows}, fmt
+        failed = query(database_url, "SELECT reason, detail FROM embedjob_record_errors"
+                                     f" WHERE job_key LIKE '%fields-{fmt}'")
+        assert [(f.reason, f.detail) for f in failed] == [
+            ("template_field", "textTemplate field 'body' is " + ("missing" if fmt == "csv" else "null"))], fmt
