@@ -5,8 +5,8 @@ batching, an HNSW index built after the load) on a local Ray and a fresh embedde
 each table's size from the catalog (pg_relation_size of the heap, of its TOAST table and of each index).
 Sizes are counted in 8 KiB pages, so they are the same on every run of the same input (no timing in
 them: one run is the figure); a table of a few rows holds a page or two whatever its rows, so each
-row's own stored bytes (pg_column_size) are shown too. The driver's bookkeeping (embedjob_seen_ids) is emptied when the run
-ends; its size is the pages it grew to during the run, which PostgreSQL keeps until a VACUUM FULL.
+row's own stored bytes (pg_column_size) are shown too. The driver's bookkeeping (embedjob_seen_ids) is
+emptied when the run ends; its size is the pages it grew to during the run, which PostgreSQL keeps until a VACUUM FULL.
 
     HF_HUB_OFFLINE=1 python bench/footprint.py [--records 2000] [--vector-type vector|halfvec] [--dimensions N]
                                                [--corpus PATH]

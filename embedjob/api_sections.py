@@ -2,8 +2,8 @@
 
 `embedjob.api` assembles them into `EmbeddingJobSpec`; their base model is `embedjob.api_base.ApiModel`,
 the source is in `embedjob.api_source`, the batching section in `embedjob.api_batching`, the model in
-`embedjob.api_model`, the sink in `embedjob.api_sink`, the table source's parts in `embedjob.api_table` and the pod settings
-(`workers.template`, `head`) in `embedjob.api_pods`. Every field has a description:
+`embedjob.api_model`, the sink in `embedjob.api_sink`, the table source's parts in `embedjob.api_table` and the
+pod settings (`workers.template`, `head`) in `embedjob.api_pods`. Every field has a description:
 the CRD generated from these models (`embedjob.crd`) is what `kubectl explain` shows,
 with each field's default appended there.
 """

@@ -37,8 +37,9 @@ METADATA_COLUMN = ("a table source's metadataFields are its columns: letters, di
                    "with a digit, at most 63 characters")
 METADATA_TWICE = "a name is kept twice: in metadataFields and as a key of metadataFieldMap"
 METADATA_COUNT = f"metadataFields and metadataFieldMap keep {MAX_METADATA_FIELDS} fields at most, together"
-METADATA_NAME = "a metadataFieldMap name is text of 1-256 characters without NUL"
-_METADATA_NAME = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00]*$")]
+METADATA_NAME_CHARS = 256  # a metadata name's or field's length at most
+METADATA_NAME = f"a metadataFieldMap name is text of 1-{METADATA_NAME_CHARS} characters without NUL"
+_METADATA_NAME = Annotated[str, Field(min_length=1, max_length=METADATA_NAME_CHARS, pattern=r"^[^\x00]*$")]
 _METADATA_KEPT = (
     "kept beside each record's vectors, in the vectors table's metadata (jsonb). A field is a field of a JSON line (a "
     "dotted name is a path into nested objects where no field has the name itself), a column of a CSV or Parquet file "
@@ -54,7 +55,7 @@ def _metadata_rules() -> list[dict[str, str]]:
     return [
         cel(f"!has({fields}) || {fields}.all(n, {fields}.exists_one(m, m == n))", "a field is named twice",
             ".metadataFields"),
-        cel(f"!has({renamed}) || {renamed}.all(k, k.matches('^[^\\\\x00]{{1,256}}$'))", METADATA_NAME,
+        cel(f"!has({renamed}) || {renamed}.all(k, k.matches('^[^\\\\x00]{{1,{METADATA_NAME_CHARS}}}$'))", METADATA_NAME,
             ".metadataFieldMap"),
         cel(f"!has({fields}) || !has({renamed}) || {fields}.all(n, !(n in {renamed}))", METADATA_TWICE,
             ".metadataFieldMap"),
@@ -163,7 +164,7 @@ class Source(ApiModel):
     @classmethod
     def _metadata_map_names(cls, renamed: dict[str, str] | None) -> dict[str, str] | None:
         for name in renamed or {}:
-            if not 1 <= len(name) <= 256 or "\x00" in name:
+            if not 1 <= len(name) <= METADATA_NAME_CHARS or "\x00" in name:
                 raise ValueError(f"metadataFieldMap key {name[:64]!r}: {METADATA_NAME}")
         return renamed
 

@@ -95,8 +95,8 @@ def add_metadata_columns(engine: sa.Engine, table: VectorsTable) -> bool:
         owned, role = conn.execute(_OWNED_SQL, {"t": quoted}).one()
         if not owned:
             raise JobFailed("VectorsTableOutdated",
-                            f"spec.source.metadataFields/metadataFieldMap: table {table} has no metadata columns and role {role} does "
-                            f"not own it, so the driver may not add them: its owner runs `{statement}` (instant: "
+                            f"spec.source.metadataFields/metadataFieldMap: table {table} has no metadata columns "
+                            f"and role {role} does not own it, so the driver may not add them: its owner runs `{statement}` (instant: "
                             "no row is rewritten), or set spec.sink.table to another table")
         conn.execute(sa.text(statement))
     log_event(log, "vectors_table_upgraded", logging.WARNING, table=table, columns=",".join(c.name for c in missing))
