@@ -46,7 +46,7 @@ class FeedPlan:
     budget: TokenBudget | None = None
     # spec.chunking: each record cut into chunks, and batches hold whole records' chunks
     chunker: Callable[[list[str]], list[tuple[Span, ...]]] | None = None
-    files: tuple[InputSnapshot, ...] = ()  # a dataset's files as the run listed them (dataset.DatasetSnapshot)
+    files: Sequence[InputSnapshot] = ()  # a dataset's files as the run listed them (dataset.DatasetSnapshot)
     window: ChangeWindow | None = None  # a table read by its change column: the rows it reads, its watermark
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -39,7 +40,7 @@ class StartedRun:
     key: str  # batch ids derive from it: the input's and the config's fingerprints (batching.batch_key)
     budget: TokenBudget | None  # spec.batching.maxTokens, or its default (spec.chosen_batching)
     chunker: Chunker | None  # spec.chunking
-    files: tuple[InputSnapshot, ...]  # a dataset's files as listed at the start (empty: one file, or a table)
+    files: Sequence[InputSnapshot]  # a dataset's files as listed at the start (empty: one file, or a table)
     window: ChangeWindow | None = None  # a table read by its change column (core.change_window)
 
 

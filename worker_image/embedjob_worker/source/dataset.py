@@ -33,6 +33,7 @@ from fsspec.spec import AbstractBufferedFile
 from fsspec.utils import compressions
 
 from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.source.listed_files import ListedFiles
 from embedjob_worker.source.s3_objects import fetched_object
 from embedjob_worker.source.snapshot import InputSnapshot, file_snapshot
 from embedjob_worker.source.unavailable import in_a_store
@@ -69,20 +70,23 @@ class DatasetSnapshot:
     """The files of a dataset as the run listed them, in the order they are read."""
 
     uri: str  # the prefix or glob, as the spec has it (resolved against the manifest's folder)
-    keys: tuple[str, ...]  # each file's key under the dataset's root (what the fingerprint names)
-    files: tuple[InputSnapshot, ...]
+    files: ListedFiles  # each with its key under the dataset's root (what the fingerprint names)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(self.files.keys)
 
     @property
     def fingerprint(self) -> str:
         """The same files (keys under the root, sizes, content) give the same fingerprint wherever they lie."""
-        listed = [[key, part.size, part.content] for key, part in zip(self.keys, self.files)]
+        listed = [[key, part.size, part.content] for key, part in self.files.keyed()]
         return hashlib.sha256(json.dumps({"files": listed}).encode()).hexdigest()
 
     def record(self) -> dict[str, Any]:
         """What the run row keeps (embedjob_runs.input): the dataset and each file, for refusals that name files."""
         return {"uri": self.uri, "size": sum(part.size or 0 for part in self.files), "modified": None,
                 "content": f"files:{len(self.files)}",
-                "files": [[key, part.size, part.content, part.modified] for key, part in zip(self.keys, self.files)]}
+                "files": [[key, part.size, part.content, part.modified] for key, part in self.files.keyed()]}
 
 
 def dataset_root(path: str, is_prefix: bool) -> str:
@@ -139,8 +143,19 @@ def dataset_snapshot(uri: str, fmt: str) -> DatasetSnapshot:
     """List the dataset at `uri` (a prefix or glob) and snapshot its files."""
     fs, names, infos = dataset_files(uri, fmt)
     root = dataset_root(fsspec.core.url_to_fs(uri)[1], uri.endswith("/"))
-    files = tuple(file_snapshot(fs, name, info, _file_uri(fs, uri, name)) for name, info in zip(names, infos))
-    return DatasetSnapshot(uri=uri, keys=tuple(name[len(root):].lstrip("/") for name in names), files=files)
+    snapshot = DatasetSnapshot(uri=uri, files=ListedFiles(
+        (name[len(root):].lstrip("/"), file_snapshot(fs, name, info, _file_uri(fs, uri, name)))
+        for name, info in zip(names, infos)))
+    _forget_listing(fs, root)
+    return snapshot
+
+
+def _forget_listing(fs: fsspec.AbstractFileSystem, root: str) -> None:
+    """Drop what `fs` cached of the listing at or under `root`: the snapshot keeps what the run needs, and the
+    filesystem (one per process, fsspec caches it) would keep every object's details, about 1 KiB each, for
+    the process's life; each file is asked of the store again when it is read (opened_as_listed)."""
+    for path in [path for path in fs.dircache if path == root or path.startswith(f"{root}/")]:
+        fs.dircache.pop(path, None)
 
 
 @contextmanager

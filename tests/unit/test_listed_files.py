@@ -1,0 +1,48 @@
+"""A dataset's listed files kept as columns (source.listed_files): the same snapshots back, whatever their strings."""
+
+import hashlib
+import json
+import pickle
+
+import pytest
+
+from embedjob_worker.source.dataset import DatasetSnapshot
+from embedjob_worker.source.listed_files import ListedFiles
+from embedjob_worker.source.snapshot import InputSnapshot
+
+KEYED = [
+    ("day=1/part-0.jsonl", InputSnapshot("s3://b/ds/day=1/part-0.jsonl", 120, "2026-12-01T00:00:00Z", 'ETag:"a1"')),
+    ("", InputSnapshot("s3://b/ds/", 0, None, "uri:s3://b/ds/")),  # an empty key, no modified stamp
+    ("naïve/日本語/😀.jsonl", InputSnapshot("gs://b/naïve/日本語/😀.jsonl", None, "", "md5Hash:Zm9v")),
+    ("a\x00b\n.jsonl", InputSnapshot("/data/a\x00b\n.jsonl", 2**62, None, "sha256:" + "f" * 64)),
+]
+
+
+def test_each_file_comes_back_as_listed():
+    files = ListedFiles(KEYED)
+    assert len(files) == len(KEYED)
+    # a modified stamp the store gave as "" reads back as None: neither says when the object was written
+    expected = [part if part.modified else InputSnapshot(part.uri, part.size, None, part.content) for _, part in KEYED]
+    assert list(files) == expected
+    assert list(files.keyed()) == [(key, part) for (key, _), part in zip(KEYED, expected)]
+    assert tuple(files.keys) == tuple(key for key, _ in KEYED)
+    assert files[-1] == expected[-1] and files.keys[-2] == KEYED[-2][0]
+    with pytest.raises(IndexError):
+        files[len(KEYED)]
+    with pytest.raises(IndexError):
+        files.keys[-len(KEYED) - 1]
+
+
+def test_an_empty_listing_and_a_pickled_one():
+    assert len(ListedFiles([])) == 0 and list(ListedFiles([])) == []
+    files = ListedFiles(KEYED)
+    assert list(pickle.loads(pickle.dumps(files)).keyed()) == list(files.keyed())
+
+
+def test_the_fingerprint_is_the_one_runs_recorded_before_the_columns():
+    """A run started before the listing was kept as columns resumes: its batch ids derive from this fingerprint."""
+    snapshot = DatasetSnapshot("s3://b/ds/", ListedFiles(KEYED))
+    listed = [[key, part.size, part.content] for key, part in KEYED]
+    assert snapshot.fingerprint == hashlib.sha256(json.dumps({"files": listed}).encode()).hexdigest()
+    assert snapshot.record()["files"] == [[key, part.size, part.content, part.modified or None] for key, part in KEYED]
+    assert snapshot.record()["size"] == 120 + 2**62
