@@ -27,6 +27,7 @@ def test_each_file_comes_back_as_listed():
     assert list(files.keyed()) == [(key, part) for (key, _), part in zip(KEYED, expected)]
     assert tuple(files.keys) == tuple(key for key, _ in KEYED)
     assert files[-1] == expected[-1] and files.keys[-2] == KEYED[-2][0]
+    assert files[1:3] == expected[1:3] and files[::-2] == expected[::-2] and files.keys[5:] == []
     with pytest.raises(IndexError):
         files[len(KEYED)]
     with pytest.raises(IndexError):

@@ -10,14 +10,39 @@ integers (bench/dataset_listing.py measures both).
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TypeVar, overload
+
 from embedjob_worker.source.snapshot import InputSnapshot
 
 _NO_SIZE = -1  # a store that gave no size (sizes are never negative)
+Item = TypeVar("Item")
 
 
-class _Strings(Sequence[str]):
+class _ByPosition(Sequence[Item]):
+    """A sequence whose items are made when asked for (`_item`); a slice gives a list of them."""
+
+    @abstractmethod
+    def _item(self, index: int) -> Item:
+        """Item `index`, 0 <= index < len(self)."""
+
+    @overload
+    def __getitem__(self, index: int) -> Item: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Item]: ...
+    def __getitem__(self, index: int | slice) -> Item | list[Item]:
+        if isinstance(index, slice):
+            return [self._item(i) for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"{type(self).__name__} index out of range")
+        return self._item(index)
+
+
+class _Strings(_ByPosition[str]):
     """Strings kept as one bytes object of their UTF-8 and the offset where each ends."""
 
     def __init__(self, encoded: list[bytes]):
@@ -31,16 +56,12 @@ class _Strings(Sequence[str]):
     def __len__(self) -> int:
         return len(self._ends)
 
-    def __getitem__(self, index: int) -> str:  # type: ignore[override] - by position only: nothing here slices
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError("string index out of range")
+    def _item(self, index: int) -> str:
         start = self._ends[index - 1] if index else 0
         return self._data[start:self._ends[index]].decode()
 
 
-class ListedFiles(Sequence[InputSnapshot]):
+class ListedFiles(_ByPosition[InputSnapshot]):
     """A dataset's files in reading order, each with its key under the dataset's root."""
 
     def __init__(self, keyed: Iterable[tuple[str, InputSnapshot]]):
@@ -61,8 +82,8 @@ class ListedFiles(Sequence[InputSnapshot]):
     def __len__(self) -> int:
         return len(self._sizes)
 
-    def __getitem__(self, index: int) -> InputSnapshot:  # type: ignore[override] - by position, as the reader reads
-        size = self._sizes[index]  # IndexError for a file past the end, as a tuple would
+    def _item(self, index: int) -> InputSnapshot:
+        size = self._sizes[index]
         return InputSnapshot(uri=self._uris[index], size=None if size == _NO_SIZE else size,
                              modified=self._modified[index] or None, content=self._contents[index])
 
