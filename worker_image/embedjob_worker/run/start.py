@@ -68,16 +68,17 @@ def start_run(config: JobConfig, runs: JobRuns, new_run: bool) -> StartedRun:
         raise
     identity = run_identity(spec, resolved.revision, resolved.prompt.text)
     config_fp = config_fingerprint(identity)
+    input_fp = snapshot.fingerprint  # once: a dataset's is a hash over its whole listing
     # A table's rows change by design: each sync after a finished one is a run of its own (docs/table-source.md).
     new_run = new_run or (spec.source.table is not None and latest_run_succeeded(runs.engine, config.job_key))
-    start = runs.start(RunRequest(resolved.name, resolved.revision, snapshot.fingerprint, config_fp, identity,
+    start = runs.start(RunRequest(resolved.name, resolved.revision, input_fp, config_fp, identity,
                                   snapshot.record(), described_prompt(resolved)), new_run, config.how_to_start_anew)
     files = snapshot.files if isinstance(snapshot, DatasetSnapshot) else ()
-    window = window_for(spec.source.table, spec.sync, (snapshot.fingerprint, config_fp), start.revision_state,
+    window = window_for(spec.source.table, spec.sync, (input_fp, config_fp), start.revision_state,
                         start.previous, start.resumed)
     if window is not None:
         runs.record_window(start.run, window)
-    return StartedRun(start, resolved, uri, batch_key(snapshot.fingerprint, config_fp), budget, chunker, files,
+    return StartedRun(start, resolved, uri, batch_key(input_fp, config_fp), budget, chunker, files,
                       window)
 
 
