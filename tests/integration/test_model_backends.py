@@ -2,6 +2,7 @@
 jobs whose vectors are recorded under a revision that names backend and precision."""
 
 import json
+import sys
 
 import numpy as np
 import onnx
@@ -9,7 +10,8 @@ import pytest
 import yaml
 
 from embedjob.api import parse_spec
-from embedjob_worker.encode.exported import export_model
+from embedjob_worker.encode.actors import EmbeddingWorker
+from embedjob_worker.encode.exported import export_model, read_export
 from embedjob_worker.encode.model import load_model, resolve_model
 from embedjob_worker.encode.onnx_export import down_projections
 from support.cli import EMBEDJOB, manifest, run
@@ -17,6 +19,7 @@ from support.corpus import corpus_lines
 from support.driver_jobs import write_input
 from support.manifests import merged
 from support.sql import query
+from plugins.ray_heads import ray_in_this_process
 
 pytestmark = pytest.mark.slow
 TEXTS = [json.loads(line)["text"] for line in corpus_lines(0, 200)]
@@ -81,6 +84,22 @@ def test_onnx_float32_is_the_model_itself_and_int8_stays_within_the_quality_targ
     found = cosines(load_model(int8_spec, "cpu", int8_dir, threads=2), torch_vectors)
     assert found.mean() >= 0.99 and found.min() >= 0.97, (found.mean(), found.min())
     assert found.mean() < 0.99999  # quantized: not the float model again
+
+
+def test_an_onnx_actor_embeds_the_model_s_vectors_without_importing_torch_or_transformers(
+        export_cache, cache_env, torch_vectors):
+    """The point of the onnx backend's own tokenizer: an actor's start is onnxruntime's, not torch's seconds."""
+    import ray
+
+    model_spec = resolved("onnx")
+    exported = read_export(model_spec)
+    with ray_in_this_process(cache_env):  # the actor's process writes the export into the test's cache
+        actor = ray.remote(EmbeddingWorker).remote(model_spec, exported, 1, 0)
+        result = ray.get(actor.embed.remote("b0", TEXTS[:40]), timeout=120)
+        loaded = ray.get(actor.__ray_call__.remote(
+            lambda _actor: sorted({"torch", "transformers", "sentence_transformers"} & sys.modules.keys())))
+    assert loaded == []
+    assert np.abs(result.vectors - torch_vectors[:40]).max() < 1e-5
 
 
 def test_an_int8_job_below_its_min_cosine_is_refused_naming_both_figures_and_writes_nothing(

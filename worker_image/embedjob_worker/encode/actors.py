@@ -5,10 +5,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import sys
 import time
 from typing import Any
 
 import numpy as np
+
+from embedjob.api import ModelBackend
 
 from embedjob_worker.core.vector_range import largest_components
 from embedjob_worker.core.worker_reports import EmbedResult, PrecisionCheck, WorkerInfo
@@ -20,7 +23,7 @@ class EmbeddingWorker:
     """Keeps one model resident; `embed` returns vectors tagged with the model and batch id.
 
     `fault_injection` is a test hook (the driver passes it from EMBEDJOB_FAULT_INJECTION):
-    {"oom_above": N} raises torch.OutOfMemoryError for batches of more than N texts;
+    {"oom_above": N} raises torch.OutOfMemoryError (MemoryError in an onnx actor) for batches of more than N texts;
     {"revision": "x"} reports revision x instead of the loaded one;
     {"hang_once_file": PATH} makes the first `embed` of any actor that creates PATH hang;
     {"component_when": {TEXT: VALUE}} sets the first component of the vector of each text containing TEXT to
@@ -30,12 +33,12 @@ class EmbeddingWorker:
     def __init__(self, resolved: ResolvedModel, exported: ExportedModel | None, num_cpus: float, num_gpus: float,
                  fault_injection: dict[str, Any] | None = None):
         import ray
-        import torch
 
-        # Ray leaves torch at one thread unless told; the actor's CPUs are its threads.
         threads = max(1, int(round(num_cpus)))
-        torch.set_num_threads(threads)
+        self.threads = threads
         started = time.monotonic()
+        if resolved.backend != ModelBackend.onnx.value:  # onnx runs without torch: its import is seconds of CPU
+            _torch_with_threads(threads)
         resolved = on_this_node(resolved)  # a model from storage: fetched once per node (model_store)
         # `exported`: the driver's one export of an onnx/openvino model (embedjob_worker.encode.exported).
         exported_dir = materialize(exported) if exported is not None else None
@@ -104,6 +107,7 @@ class EmbeddingWorker:
     def check_precision(self, texts: list[str]) -> PrecisionCheck:
         """The cosines between this model's vectors of `texts` and the same model's in float32 torch, loaded on
         this actor's device for the check and dropped after it."""
+        _torch_with_threads(self.threads)
         reference = load_model(float32_reference(self.resolved), self.device)
         expected, found = (self._vectors(model, texts, 32, normalize=True) for model in (reference, self.model))
         del reference
@@ -112,17 +116,17 @@ class EmbeddingWorker:
 
     def _encode(self, texts: list[str], pass_size: int) -> tuple[np.ndarray, int]:
         """Encode in forward passes of `pass_size` texts; on out-of-memory, encode the halves (recursively)."""
-        import torch
-
+        torch = sys.modules.get("torch")  # loaded by every backend but onnx
+        out_of_memory = (torch.OutOfMemoryError, MemoryError) if torch else (MemoryError,)
         try:
             if len(texts) > self.faults.get("oom_above", len(texts)):
-                raise torch.OutOfMemoryError(f"injected: batch of {len(texts)} > {self.faults['oom_above']}")
+                raise out_of_memory[0](f"injected: batch of {len(texts)} > {self.faults['oom_above']}")
             vectors = self._vectors(self.model, texts, min(len(texts), pass_size), self.normalize)
             return vectors.astype(np.float32, copy=False), 0
-        except (torch.OutOfMemoryError, MemoryError):
+        except out_of_memory:
             if len(texts) == 1:
                 raise
-            if torch.cuda.is_available():
+            if torch and torch.cuda.is_available():
                 torch.cuda.empty_cache()
             half = len(texts) // 2
             first, first_splits = self._encode(texts[:half], pass_size)
@@ -150,3 +154,10 @@ class EmbeddingWorker:
             [texts[i] for i in candidates], add_special_tokens=True, truncation=False, verbose=False
         )["input_ids"]
         return tuple(i for i, ids in zip(candidates, encoded) if len(ids) > self.max_tokens)
+
+
+def _torch_with_threads(threads: int) -> None:
+    """Import torch with the actor's CPUs as its threads (Ray leaves torch at one thread unless told)."""
+    import torch
+
+    torch.set_num_threads(threads)

@@ -36,8 +36,11 @@ from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.encode.model import ResolvedModel
 
 # The libraries whose version changes what an export contains.
-_EXPORT_LIBRARIES = ("sentence-transformers", "transformers", "torch", "onnx", "onnxscript", "onnxruntime", "optimum",
-                     "optimum-intel", "openvino", "nncf")
+_EXPORT_LIBRARIES = ("sentence-transformers", "transformers", "tokenizers", "torch", "onnx", "onnxscript", "onnxruntime",
+                     "optimum", "optimum-intel", "openvino", "nncf")
+# What an export's directory holds, by embedjob's own code: another layout is another key (2: the onnx backend's
+# tokenizer kept as transformers built it, so that an actor runs it without transformers).
+EXPORT_LAYOUT = 2
 _COMPLETE_MARKER = ".embedjob-export-complete"
 KEY_HEX_CHARS = 24
 
@@ -66,7 +69,7 @@ def export_key(resolved: ResolvedModel) -> str:
     """The cache key: what the model is and how (and by which library versions) it is exported (one export serves
     every prompt and every number of dimensions)."""
     identity = [resolved.location, resolved.weights_revision, resolved.backend, resolved.precision,
-                {name: _version(name) for name in _EXPORT_LIBRARIES}]
+                {name: _version(name) for name in _EXPORT_LIBRARIES}, EXPORT_LAYOUT]
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:KEY_HEX_CHARS]
 
 

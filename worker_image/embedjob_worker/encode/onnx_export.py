@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embedjob_worker.encode.onnx_model import GRAPH, OnnxSentenceModel, OnnxSettings
+from embedjob_worker.encode.onnx_model import GRAPH, TOKENIZER, OnnxSentenceModel, OnnxSettings, Padding
 
 CHECK_ATOL = 1e-5
 # Short, long (past any token limit), padded, non-Latin and whitespace-edged texts, in batches of mixed
@@ -38,15 +38,17 @@ OPSET = 18
 
 
 def export_onnx(location: str, hub_revision: str | None, directory: Path, int8: bool) -> None:
-    """Export the model at `location` into `directory` (the graph, its settings, the tokenizer's files),
-    checked against the model itself; `int8`: then quantized."""
+    """Export the model at `location` into `directory` (the graph, its settings, the tokenizer as transformers
+    built it), checked against the model itself; `int8`: then quantized."""
     import torch
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(location, revision=hub_revision, device="cpu").eval()
     tokenizer = model.tokenizer
     example = tokenizer(["an example", "a longer example text"], padding=True, return_tensors="pt")
-    settings = OnnxSettings(tuple(example.keys()), model.max_seq_length, model.get_embedding_dimension())
+    padding = Padding(tokenizer.pad_token_id, tokenizer.pad_token, tokenizer.pad_token_type_id,
+                      tokenizer.padding_side, tokenizer.truncation_side)
+    settings = OnnxSettings(tuple(example.keys()), model.max_seq_length, model.get_embedding_dimension(), padding)
     graph = directory / GRAPH
     graph.parent.mkdir(parents=True)
     exported = graph.with_name("exported.onnx")
@@ -58,7 +60,8 @@ def export_onnx(location: str, hub_revision: str | None, directory: Path, int8: 
                           dynamic_shapes=(tuple(axes for _ in settings.inputs),), opset_version=OPSET,
                           dynamo=True, verbose=False)
     _fuse_for_onnxruntime(exported, graph)
-    tokenizer.save_pretrained(str(directory))
+    # The tokenizer as transformers built it (tokenizer_config.json's settings applied), for running without it.
+    tokenizer.backend_tokenizer.save(str(directory / TOKENIZER))
     settings.write(directory)
     _check_equal(model, directory)
     if int8:
@@ -93,9 +96,18 @@ def _fuse_for_onnxruntime(exported: Path, graph: Path) -> None:
 
 
 def _check_equal(model, directory: Path) -> None:
+    """The export's tokens and vectors of CHECK_TEXTS must be the model's own (the vectors within CHECK_ATOL)."""
     texts = list(CHECK_TEXTS)
+    exported = OnnxSentenceModel(directory, threads=1)
+    expected_ids = model.tokenizer(texts, padding=True, truncation="longest_first", max_length=model.max_seq_length,
+                                   return_tensors="np")
+    found_ids = exported.tokenizer.features(texts, model.max_seq_length)
+    differing = [name for name in exported.settings.inputs if not np.array_equal(found_ids[name], expected_ids[name])]
+    if differing:
+        raise ValueError(f"the exported tokenizer's {', '.join(differing)} differ from the model tokenizer's: "
+                         "the export does not reproduce this model's tokenizer")
     expected = model.encode(texts, batch_size=4, convert_to_numpy=True, show_progress_bar=False)
-    found = OnnxSentenceModel(directory, threads=1).encode(texts, batch_size=4)
+    found = exported.encode(texts, batch_size=4)
     difference = float(np.abs(found - expected).max())
     if not difference <= CHECK_ATOL:
         raise ValueError(f"the exported ONNX graph's vectors differ from the model's by up to {difference:.2e} "
