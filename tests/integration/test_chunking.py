@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from support.driver_crash import kill_driver_after
 from support.corpus import corpus_lines
+from support.job_models import TORCH_MODEL
 from support.driver_jobs import manifest, write_input
 from support.sql import query
 from embedjob_worker.plan.chunking import Chunker
@@ -37,7 +38,7 @@ def documents(count: int, start: int = 1000, paragraphs: int = 6) -> list[dict]:
 
 
 def chunked_manifest(source, name: str, batch_size: int = 16, max_in_flight: int = 4) -> dict:
-    spec = manifest(source, name, batch_size=batch_size, max_in_flight=max_in_flight)
+    spec = manifest(source, name, batch_size=batch_size, max_in_flight=max_in_flight, model=TORCH_MODEL)
     spec["spec"]["chunking"] = {"maxTokens": MAX_TOKENS, "overlapTokens": OVERLAP}
     return spec
 

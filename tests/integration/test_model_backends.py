@@ -17,6 +17,7 @@ from embedjob_worker.encode.onnx_export import down_projections
 from support.cli import EMBEDJOB, manifest, run
 from support.corpus import corpus_lines
 from support.driver_jobs import write_input
+from support.job_models import TORCH_MODEL
 from support.manifests import merged
 from support.sql import query
 from plugins.ray_heads import ray_in_this_process
@@ -38,7 +39,7 @@ def cache_env(export_cache, monkeypatch):
 
 
 def resolved(backend: str = "torch", precision: str = "float32"):
-    spec = manifest("x.jsonl")["spec"]
+    spec = manifest("x.jsonl", TORCH_MODEL)["spec"]
     return resolve_model(parse_spec(merged(spec, {"model": {"backend": backend, "precision": precision}})).model)
 
 
@@ -106,7 +107,7 @@ def test_an_int8_job_below_its_min_cosine_is_refused_naming_both_figures_and_wri
         tmp_path, database_url, cache_env):
     source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 40))
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(merged(manifest(str(source)), {"spec": {"model": {
+    job.write_text(yaml.safe_dump(merged(manifest(str(source), TORCH_MODEL), {"spec": {"model": {
         "backend": "onnx", "precision": "int8", "minCosine": 0.9999}}})))
     result = run([*EMBEDJOB, "run", str(job), "--database-url", database_url], env=cache_env, timeout=600)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
@@ -122,9 +123,9 @@ def test_an_int8_job_below_its_min_cosine_is_refused_naming_both_figures_and_wri
 def test_vectors_of_each_backend_and_precision_are_kept_apart(tmp_path, database_url, cache_env):
     source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 64))
     quantized, plain = tmp_path / "openvino-int8.yaml", tmp_path / "torch.yaml"
-    quantized.write_text(yaml.safe_dump(merged(manifest(str(source)), {"spec": {"model": {
+    quantized.write_text(yaml.safe_dump(merged(manifest(str(source), TORCH_MODEL), {"spec": {"model": {
         "backend": "openvino", "precision": "int8"}}})))
-    plain.write_text(yaml.safe_dump(manifest(str(source))))
+    plain.write_text(yaml.safe_dump(manifest(str(source), TORCH_MODEL)))
     base_revision, model_name = resolved().revision, resolved().name
 
     first = run([*EMBEDJOB, "run", str(quantized), "--database-url", database_url], env=cache_env, timeout=600)
@@ -166,7 +167,7 @@ def test_vectors_of_each_backend_and_precision_are_kept_apart(tmp_path, database
 def test_a_half_precision_job_on_a_ray_without_gpus_is_refused_naming_the_field(tmp_path, database_url):
     source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 10))
     job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(merged(manifest(str(source)), {"spec": {
+    job.write_text(yaml.safe_dump(merged(manifest(str(source), TORCH_MODEL), {"spec": {
         "model": {"precision": "float16"}, "workers": {"gpusPerActor": 1}}})))
     result = run([*EMBEDJOB, "run", str(job), "--database-url", database_url])
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr

