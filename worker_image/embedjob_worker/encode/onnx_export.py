@@ -46,9 +46,8 @@ def export_onnx(location: str, hub_revision: str | None, directory: Path, int8: 
     model = SentenceTransformer(location, revision=hub_revision, device="cpu").eval()
     tokenizer = model.tokenizer
     example = tokenizer(["an example", "a longer example text"], padding=True, return_tensors="pt")
-    padding = Padding(tokenizer.pad_token_id, tokenizer.pad_token, tokenizer.pad_token_type_id,
-                      tokenizer.padding_side, tokenizer.truncation_side)
-    settings = OnnxSettings(tuple(example.keys()), model.max_seq_length, model.get_embedding_dimension(), padding)
+    settings = OnnxSettings(tuple(example.keys()), model.max_seq_length, model.get_embedding_dimension(),
+                            Padding.of(tokenizer))
     graph = directory / GRAPH
     graph.parent.mkdir(parents=True)
     exported = graph.with_name("exported.onnx")

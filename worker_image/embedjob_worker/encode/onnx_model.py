@@ -34,6 +34,12 @@ class Padding:
     padding_side: str
     truncation_side: str
 
+    @classmethod
+    def of(cls, tokenizer) -> "Padding":
+        """A transformers tokenizer's padding."""
+        return cls(tokenizer.pad_token_id, tokenizer.pad_token, tokenizer.pad_token_type_id, tokenizer.padding_side,
+                   tokenizer.truncation_side)
+
 
 @dataclass(frozen=True)
 class OnnxSettings:
