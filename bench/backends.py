@@ -37,8 +37,8 @@ def texts_by_length(count: int, path: Path) -> list[str]:
 def load(backend: str, precision: str, threads: int):
     """The model as a job's actor would load it; None when the backend is not installed here."""
     from embedjob.api import Model
-    from embedjob_worker.encode.exported import export_model
-    from embedjob_worker.encode.model import load_model, resolve_model
+    from embedjob_worker.encode.exported import load_on_this_machine
+    from embedjob_worker.encode.model import resolve_model
 
     try:
         resolved = resolve_model(Model(**MODEL, backend=backend, precision=precision))
@@ -46,7 +46,7 @@ def load(backend: str, precision: str, threads: int):
         print(f"skipped {backend} {precision}: {exc}")
         return None
     started = time.monotonic()
-    model = load_model(resolved, "cpu", export_model(resolved) if resolved.exported else None, threads)
+    model = load_on_this_machine(resolved, threads)
     print(f"{backend} {precision}: export (or cache) and load {time.monotonic() - started:.1f}s, revision "
           f"{resolved.revision}")
     return model

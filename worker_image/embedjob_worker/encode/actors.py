@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-import sys
 import time
 from typing import Any
 
@@ -37,8 +36,12 @@ class EmbeddingWorker:
         threads = max(1, int(round(num_cpus)))
         self.threads = threads
         started = time.monotonic()
-        if resolved.backend != ModelBackend.onnx.value:  # onnx runs without torch: its import is seconds of CPU
-            _torch_with_threads(threads)
+        # The model's out-of-memory errors; onnx runs without torch (its import is seconds of CPU).
+        if resolved.backend == ModelBackend.onnx.value:
+            self.torch, self.out_of_memory = None, (MemoryError,)
+        else:
+            self.torch = _torch_with_threads(threads)
+            self.out_of_memory = (self.torch.OutOfMemoryError, MemoryError)
         resolved = on_this_node(resolved)  # a model from storage: fetched once per node (model_store)
         # `exported`: the driver's one export of an onnx/openvino model (embedjob_worker.encode.exported).
         exported_dir = materialize(exported) if exported is not None else None
@@ -116,18 +119,16 @@ class EmbeddingWorker:
 
     def _encode(self, texts: list[str], pass_size: int) -> tuple[np.ndarray, int]:
         """Encode in forward passes of `pass_size` texts; on out-of-memory, encode the halves (recursively)."""
-        torch = sys.modules.get("torch")  # loaded by every backend but onnx
-        out_of_memory = (torch.OutOfMemoryError, MemoryError) if torch else (MemoryError,)
         try:
             if len(texts) > self.faults.get("oom_above", len(texts)):
-                raise out_of_memory[0](f"injected: batch of {len(texts)} > {self.faults['oom_above']}")
+                raise self.out_of_memory[0](f"injected: batch of {len(texts)} > {self.faults['oom_above']}")
             vectors = self._vectors(self.model, texts, min(len(texts), pass_size), self.normalize)
             return vectors.astype(np.float32, copy=False), 0
-        except out_of_memory:
+        except self.out_of_memory:
             if len(texts) == 1:
                 raise
-            if torch and torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            if self.torch and self.torch.cuda.is_available():
+                self.torch.cuda.empty_cache()
             half = len(texts) // 2
             first, first_splits = self._encode(texts[:half], pass_size)
             second, second_splits = self._encode(texts[half:], pass_size)
@@ -156,8 +157,9 @@ class EmbeddingWorker:
         return tuple(i for i, ids in zip(candidates, encoded) if len(ids) > self.max_tokens)
 
 
-def _torch_with_threads(threads: int) -> None:
-    """Import torch with the actor's CPUs as its threads (Ray leaves torch at one thread unless told)."""
+def _torch_with_threads(threads: int):
+    """torch, imported, with the actor's CPUs as its threads (Ray leaves torch at one thread unless told)."""
     import torch
 
     torch.set_num_threads(threads)
+    return torch

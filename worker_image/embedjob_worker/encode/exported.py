@@ -33,7 +33,7 @@ from pathlib import Path
 from embedjob.api import HALF_PRECISIONS
 
 from embedjob_worker.core.errors import JobFailed
-from embedjob_worker.encode.model import ResolvedModel
+from embedjob_worker.encode.model import ResolvedModel, load_model
 
 # The libraries whose version changes what an export contains.
 _EXPORT_LIBRARIES = ("sentence-transformers", "transformers", "tokenizers", "torch", "onnx", "onnxscript", "onnxruntime",
@@ -118,6 +118,12 @@ def _publish(staging: Path, target: Path) -> None:
         if not (target / _COMPLETE_MARKER).exists():  # a crashed earlier attempt: replace it
             shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
+
+
+def load_on_this_machine(resolved: ResolvedModel, threads: int | None = None):
+    """The model in its backend on this machine's CPU: an onnx/openvino model from this machine's export
+    (made first if missing), as the actors run it."""
+    return load_model(resolved, "cpu", export_model(resolved) if resolved.exported else None, threads)
 
 
 def read_export(resolved: ResolvedModel) -> ExportedModel:

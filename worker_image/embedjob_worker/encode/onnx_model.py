@@ -70,10 +70,11 @@ class RustTokenizer:
         from tokenizers import Tokenizer
 
         self.settings = settings
-        self.unpadded = Tokenizer.from_file(str(path))
+        saved = path.read_text()  # read once, built twice: one for ids as they are, one for the graph's inputs
+        self.unpadded = Tokenizer.from_str(saved)
         self.unpadded.no_padding()
         self.unpadded.no_truncation()
-        self.padded = Tokenizer.from_file(str(path))
+        self.padded = Tokenizer.from_str(saved)
         padding = settings.padding
         self.padded.enable_padding(direction=padding.padding_side, pad_id=padding.pad_id,
                                    pad_type_id=padding.pad_type_id, pad_token=padding.pad_token)
