@@ -1,13 +1,14 @@
 """Pod settings of the Ray head and workers: partial pod templates, as KubeRay's own group templates are shaped.
 
 `spec.head.template` and `spec.workers.template` take the fields of a core/v1
-PodTemplateSpec that decide placement, identity and what the Ray container sees:
-labels and annotations; nodeSelector, tolerations, affinity, serviceAccountName,
-imagePullSecrets, priorityClassName, securityContext, volumes; and, in `containers`,
-the Ray container (named ray-head or ray-worker) with env, envFrom, volumeMounts,
-securityContext and, on the head only, resources. `controller.pod_templates` merges them
-into the RayJob's templates with strategic-merge semantics (docs/pod-settings.md); the
-operator's defaults (`PodDefaults`) use the same models.
+PodTemplateSpec that decide placement, identity, how a pod stops and what the Ray
+container sees: labels and annotations; nodeSelector, tolerations, affinity,
+serviceAccountName, imagePullSecrets, priorityClassName, terminationGracePeriodSeconds,
+securityContext, volumes; and, in `containers`, the Ray container (named ray-head or
+ray-worker) with env, envFrom, volumeMounts, securityContext and, on the head only,
+resources. `controller.pod_templates` merges them into the RayJob's templates with
+strategic-merge semantics (docs/pod-settings.md); the operator's defaults (`PodDefaults`)
+use the same models.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from .api_pod_placement import Affinity, LabelValue, ContainerSecurityContext, P
 from .api_pod_rules import MAX_LIST, MAX_MAP, NO_NUL, ObjectRule, RuledModel, field_rule, label_map_rule
 from .api_pod_volumes import EnvFromSource, EnvVar, Resources, Volume, VolumeMount
 
+# A day: longer holds a suspended or preempted job's quota for nothing (its next run recomputes what was in flight).
+MAX_GRACE_SECONDS = 86_400
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
 # Labels the operator (embedjob.dev/job-name, ...) and KubeRay (ray.io/node-type, ...) put on the pods.
@@ -136,6 +139,11 @@ class PodSpecSettings(RuledModel):
         description="Secrets to pull the worker image with; merged by name.")
     priority_class_name: str | None = Field(
         None, min_length=1, max_length=253, pattern=DNS_SUBDOMAIN, description="PriorityClass of the pods.")
+    termination_grace_period_seconds: int | None = Field(
+        None, ge=0, le=MAX_GRACE_SECONDS,
+        description="Seconds a deleted pod's processes get between SIGTERM and SIGKILL (Kubernetes' default: 30). "
+                    "A pod is deleted on suspension, preemption and the job's deletion; its actors' batches in "
+                    "flight are computed again by the next run either way.")
     security_context: PodSecurityContext | None = Field(None, description="Pod-level security settings.")
     volumes: list[Volume] | None = Field(
         None, max_length=MAX_LIST, json_schema_extra=_map_list("name"),

@@ -58,6 +58,7 @@ def assert_carries(pod: dict, template: dict) -> None:
     assert spec["affinity"] == AFFINITY
     assert spec["serviceAccountName"] == SERVICE_ACCOUNT and spec["priorityClassName"] == PRIORITY_CLASS
     assert spec["imagePullSecrets"] == given["imagePullSecrets"]
+    assert spec["terminationGracePeriodSeconds"] == given["terminationGracePeriodSeconds"]
     assert within(given["securityContext"], spec["securityContext"])
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert all(within(volume, volumes.get(volume["name"])) for volume in given["volumes"]), spec["volumes"]

@@ -30,6 +30,7 @@ def pod_spec(container: dict[str, Any]) -> dict[str, Any]:
         "serviceAccountName": SERVICE_ACCOUNT,
         "imagePullSecrets": [{"name": "regcred"}],
         "priorityClassName": PRIORITY_CLASS,
+        "terminationGracePeriodSeconds": 120,
         "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "volumes": [{"name": "model-cache", "emptyDir": {"sizeLimit": "1Gi"}},
@@ -146,6 +147,11 @@ MALFORMED_POD_SETTINGS = [
     ("pull-secret-not-dns", workers({"imagePullSecrets": [{"name": "reg cred"}]}), f"{W}.imagePullSecrets[0].name",
      True),
     ("priority-class-not-dns", workers({"priorityClassName": "Batch Low"}), f"{W}.priorityClassName", True),
+    ("grace-negative", workers({"terminationGracePeriodSeconds": -1}), f"{W}.terminationGracePeriodSeconds", True),
+    ("grace-over-a-day", {"head": {"template": {"spec": {"terminationGracePeriodSeconds": 86_401}}}},
+     f"{H}.terminationGracePeriodSeconds", True),
+    ("grace-not-a-number", workers({"terminationGracePeriodSeconds": "30s"}), f"{W}.terminationGracePeriodSeconds",
+     True),
     ("affinity-in-without-values", workers({"affinity": {"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "zone", "operator": "In"}]}]}}}}),
