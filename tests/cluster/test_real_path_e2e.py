@@ -32,10 +32,6 @@ from support.sql import vectors
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 RECORDS = 60
-# How much a job writes before its suspension stops it varies: 464 of 2,000 when first measured, yet a
-# CI run (2026-12-04) wrote all of 1,200 before its pods went. The suspended job so reads long_input's
-# 2,000, as the worker and head tests do (a deleted pod runs on through its 30 s grace period).
-SUSPENDED_RECORDS = 2000
 
 
 def test_job_runs_to_complete_through_kuberay_pods_and_embedjob_logs_reads_its_kept_cluster(
@@ -112,7 +108,7 @@ def test_job_runs_to_complete_through_kuberay_pods_and_embedjob_logs_reads_its_k
 def test_suspend_mid_job_deletes_the_pods_and_resume_finishes_on_new_ones(
         real_path, real_node, kuberay_operator, pod_database_url, pod_visible_dir):
     kube, namespace, operator = real_path
-    uri, ids = long_input(pod_visible_dir, SUSPENDED_RECORDS)
+    uri, ids = long_input(pod_visible_dir)
     with PodWatcher(kube, namespace) as watcher:
         start_long_job(kube, namespace, "pausing", uri)
         first_heads = set(watcher.of_kind("head"))
@@ -184,6 +180,8 @@ def test_worker_pod_deleted_mid_job_loses_nothing_and_records_the_retry(
     print(f"\nworker deleted: pods:\n{watcher.summary()}")
     workers = watcher.of_kind("worker")
     assert len(workers) == 2 and len(watcher.of_kind("head")) == 1, watcher.summary()  # KubeRay replaced it
+    # the job's terminationGracePeriodSeconds (support.real_path.QUICK_STOP) reached KubeRay's pods
+    assert {watcher.pods[pod]["spec"]["terminationGracePeriodSeconds"] for pod in workers} == {2}
     assert job["status"]["progress"]["recordsEmbedded"] == len(ids)
     rows = vectors(pod_database_url)
     assert len(rows) == len(ids) and sorted(r[0] for r in rows) == sorted(ids)  # nothing lost or duplicated

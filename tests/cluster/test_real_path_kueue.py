@@ -35,8 +35,9 @@ from support.sql import query
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 # Long enough to be preempted mid-run on an idle 2-core machine too (800 records in batches of 8 were all
-# written before Kueue's preemption took effect there); every vector is encoded again in the test to check it.
-RECORDS = 2000
+# written before Kueue's preemption took effect there while its pods ran through the default 30 s grace
+# period; start_long_job's pods stop 2 s after their deletion); every vector is encoded again in the test.
+RECORDS = 1000
 BATCH_SIZE = 4
 MAX_IN_FLIGHT = 2
 COMMITTED_BEFORE_PREEMPTION = 5  # batches the first job has written when the urgent one comes

@@ -54,7 +54,7 @@ def driver_pids(namespace: str, name: str) -> list[int]:
 def test_rayjob_backoff_limit_retries_on_a_new_cluster_after_the_driver_is_killed(
         real_path, real_node, kuberay_operator, pod_database_url, pod_visible_dir):
     kube, namespace, operator = real_path
-    uri, ids = long_input(pod_visible_dir, 1200)  # SIGKILL stops the driver at once: 1,200 leave plenty
+    uri, ids = long_input(pod_visible_dir)  # SIGKILL stops the driver at once
     with PodWatcher(kube, namespace) as watcher:
         start_long_job(kube, namespace, "retried", uri, retry={"backoffLimit": 1})
         wait_until("ten batches written", lambda: progress(kube, namespace, "retried").get(
