@@ -9,6 +9,9 @@ import time
 
 import pytest
 
+from envtest.control_plane import KubectlError
+from support.kubectl import get_json
+
 pytestmark = pytest.mark.k8s
 
 GROUP = "envtest.embedjob.dev"
@@ -84,6 +87,31 @@ def test_apply_crd_and_object(kube, widget_crd, namespace):
     assert got["spec"] == {"size": 3, "color": "red"}
     assert got["metadata"]["namespace"] == namespace
     assert got["metadata"]["generation"] == 1
+
+
+def test_in_process_reads_give_what_kubectl_get_prints(kube, widget_crd, namespace):
+    """support.kubectl.get_json reads in this process (envtest.api_reads): the same objects and lists as
+    `kubectl get -o json`, by plural, singular, short name and name.group; a missing one fails as kubectl's does."""
+    for name, size in (("r1", 1), ("r2", 2)):
+        labelled = json.loads(widget(name, size=size))
+        labelled["metadata"]["labels"] = {"size": str(size)}
+        kube.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(labelled))
+    for args in (("wdg", "r1"), ("widget", "r1"), (widget_crd, "r2"), ("widgets",), ("widgets", "-l", "size=2"),
+                 ("serviceaccount", "default"), ("configmaps",)):
+        by_kubectl = json.loads(kube.kubectl("get", *args, "-n", namespace, "-o", "json").stdout)
+        read = get_json(kube, *args, "-n", namespace)
+        if "items" in by_kubectl:
+            assert [(i["apiVersion"], i["kind"], i["metadata"]["name"]) for i in read["items"]] == [
+                (i["apiVersion"], i["kind"], i["metadata"]["name"]) for i in by_kubectl["items"]], args
+            assert all(i.get("spec") == j.get("spec") for i, j in zip(read["items"], by_kubectl["items"]))
+        else:
+            assert read == by_kubectl, args
+    assert [i["metadata"]["name"] for i in get_json(kube, "widgets", "-n", namespace, "-l", "size=2")["items"]] == ["r2"]
+    assert get_json(kube, "namespace", namespace)["metadata"]["name"] == namespace  # a cluster-scoped one
+    with pytest.raises(KubectlError, match="NotFound"):
+        get_json(kube, "wdg", "absent", "-n", namespace)
+    with pytest.raises(KubectlError, match="doesn't have a resource type"):
+        get_json(kube, "gadgets", "-n", namespace)
 
 
 def test_schema_violation_names_the_field(kube, widget_crd, namespace):

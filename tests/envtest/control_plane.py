@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+from envtest.api_reads import ApiReads
 from envtest.binaries import Binaries, read_versions
 from envtest.pki import CA, openssl, subject_of, write_kubeconfig
 from support.net import free_port
@@ -55,10 +56,18 @@ class Kube:
     _apiserver_args: list = field(repr=False)
     _admin_tls: ssl.SSLContext = field(repr=False)
     _user_kubeconfigs: dict = field(default_factory=dict, repr=False)
+    _reads: ApiReads | None = field(default=None, init=False, repr=False)
 
     @property
     def kuberay_crds(self) -> Path:
         return Path(self.bin.kuberay_crds)
+
+    @property
+    def reads(self) -> ApiReads:
+        """Plain reads as admin from this process (envtest.api_reads), for what the tests poll."""
+        if self._reads is None:
+            self._reads = ApiReads(self.server, self._admin_tls)
+        return self._reads
 
     def kubectl(self, *args, check: bool = True, input: str | None = None,
                 kubeconfig: str | os.PathLike | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

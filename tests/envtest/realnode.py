@@ -44,6 +44,7 @@ import pytest
 from envtest.node import runs as node_runs
 # the envtest plugin's process and readiness helpers (one definition, used here too)
 from envtest.binaries import SETUP, SKIP_ENV
+from envtest.api_reads import ReadFailed
 from envtest.control_plane import Kube
 from support.net import free_port
 from support.processes import spawn, stop, tail, wait_for
@@ -265,9 +266,11 @@ def wait_for_pod(kube: Kube, namespace: str, name: str, predicate, timeout: floa
     deadline = time.monotonic() + timeout
     pod: dict = {}
     while time.monotonic() < deadline:
-        res = kube.kubectl("get", "pod", name, "-n", namespace, "-o", "json", check=False)
-        if res.returncode == 0:
-            pod = json.loads(res.stdout)
+        try:
+            pod = kube.reads.get("pods", name, namespace)
+        except ReadFailed:
+            pass
+        else:
             if predicate(pod):
                 return pod
         time.sleep(0.5)

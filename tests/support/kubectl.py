@@ -1,4 +1,4 @@
-"""EmbeddingJobs, RayJobs, Secrets and Events read and written through a `Kube`'s kubectl."""
+"""EmbeddingJobs, RayJobs, Secrets and Events read and written through a `Kube`'s kubectl (plain reads in-process)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,48 @@ import subprocess
 import threading
 from typing import Any
 
+from envtest.api_reads import ReadFailed
+from envtest.control_plane import KubectlError
 from support.manifests import ej_manifest
 from support.polling import wait_until
 
 
 def get_json(kube, *args: str) -> dict:
-    return json.loads(kube.kubectl("get", *args, "-o", "json").stdout)
+    """What `kubectl get ARGS -o json` prints. A plain read (a resource, an optional name, -n, -l) is made in this
+    process (`kube.reads`: the tests poll, and a kubectl costs ~80 ms of CPU); a failed one raises KubectlError too."""
+    plain = _plain_read(args)
+    if plain is None:
+        return json.loads(kube.kubectl("get", *args, "-o", "json").stdout)
+    try:
+        return kube.reads.get(**plain)
+    except ReadFailed as exc:
+        raise KubectlError(1, ["kubectl", "get", *args], "", exc.message) from None
+
+
+def read_or_none(kube, *args: str) -> dict | None:
+    """get_json, or None where the read failed (for a poller, which looks again)."""
+    try:
+        return get_json(kube, *args)
+    except KubectlError:
+        return None
+
+
+def _plain_read(args: tuple[str, ...]) -> dict[str, str] | None:
+    """`kube.reads.get`'s arguments for kubectl get ARGS, or None where ARGS ask for more (several kinds, -o, ...)."""
+    resource, *rest = args
+    if not resource or resource.startswith("-") or "," in resource or "/" in resource:
+        return None
+    read, flags = {"resource": resource}, {"-n": "namespace", "--namespace": "namespace", "-l": "selector",
+                                           "--selector": "selector"}
+    while rest:
+        arg = rest.pop(0)
+        if arg in flags and rest:
+            read[flags[arg]] = rest.pop(0)
+        elif not arg.startswith("-") and "name" not in read:
+            read["name"] = arg
+        else:
+            return None
+    return read
 
 
 def condition(obj: dict, type_: str) -> dict | None:

@@ -11,7 +11,7 @@ import sys
 import threading
 
 from envtest.kueue import API_VERSION
-from support.kubectl import condition, get_json
+from support.kubectl import condition, get_json, read_or_none
 from support.polling import BackgroundPoller, wait_until
 
 QUEUE = "batch"
@@ -60,11 +60,11 @@ class WorkloadLog(BackgroundPoller):
         self._lock = threading.Lock()
 
     def poll(self) -> None:
-        res = self.kube.kubectl("get", "workloads.kueue.x-k8s.io", "-n", self.namespace, "-o", "json", check=False)
-        if res.returncode != 0:
+        workloads = read_or_none(self.kube, "workloads.kueue.x-k8s.io", "-n", self.namespace)
+        if workloads is None:
             return
         with self._lock:
-            for wl in json.loads(res.stdout)["items"]:
+            for wl in workloads["items"]:
                 owner = (wl["metadata"].get("ownerReferences") or [{}])[0].get("name", "?")
                 conds = sorted(f"{c['type']}={c['status']}({c['reason']})"
                                for c in wl.get("status", {}).get("conditions", []))

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from embedjob import db
 from embedjob.api import HEAD_CONTAINER
 from embedjob.contract import DRIVER_METRICS_PORT
-from support.kubectl import apply_job, create_database_secret, get_json
+from support.kubectl import apply_job, create_database_secret, get_json, read_or_none
 from support.corpus import corpus_lines
 from support.manifests import merged
 from support.paths import SAMPLE
@@ -75,9 +75,9 @@ class PodWatcher(BackgroundPoller):
         self.driver_metrics: dict[str, str] = {}
 
     def poll(self) -> None:
-        res = self.kube.kubectl("get", "pods", "-n", self.namespace, "-o", "json", check=False)
-        if res.returncode == 0:
-            for pod in json.loads(res.stdout)["items"]:
+        pods = read_or_none(self.kube, "pods", "-n", self.namespace)
+        if pods is not None:
+            for pod in pods["items"]:
                 name = pod["metadata"]["name"]
                 self.labels[name] = pod["metadata"].get("labels") or {}
                 self.pods[name] = pod
@@ -88,9 +88,9 @@ class PodWatcher(BackgroundPoller):
                     self._seen_at.setdefault(name, []).append(time.monotonic() - self._started)
                 if phase == "Running" and self.labels[name].get("ray.io/node-type") == "head":
                     self._scrape_driver(name, pod.get("status", {}).get("podIP"))
-        res = self.kube.kubectl("get", "ej", "-n", self.namespace, "-o", "json", check=False)
-        if res.returncode == 0:
-            for job in json.loads(res.stdout)["items"]:
+        jobs = read_or_none(self.kube, "ej", "-n", self.namespace)
+        if jobs is not None:
+            for job in jobs["items"]:
                 status = job.get("status") or {}
                 state = (status.get("state", ""), status.get("reason", ""))
                 seen_states = self.job_states.setdefault(job["metadata"]["name"], [])
