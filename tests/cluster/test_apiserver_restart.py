@@ -39,7 +39,7 @@ def test_api_server_restarted_mid_job_the_operator_recovers_and_the_job_complete
         # a job created after the restart is seen: the operator's watches came back
         later_uri, later_ids = sample(tmp_path, 24)
         apply_job(kube, namespace, "after", source={"uri": later_uri}, model=MODEL, sink={"collection": "after"})
-        job = wait_complete(kube, namespace, "steady", lambda: operator.log()[-4000:])
+        job = wait_complete(kube, namespace, "steady", lambda: f"{runner.errors}\n{operator.log()[-4000:]}")
         later = wait_complete(kube, namespace, "after", lambda: operator.log()[-4000:])
     assert runner.errors == []
     print(f"\nAPI server down {down:.1f}s with {done_before} of {job['status']['progress']['batchesTotal']} "

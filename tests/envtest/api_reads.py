@@ -10,9 +10,11 @@ user would type stays a real kubectl.
 
 from __future__ import annotations
 
+import http.client
 import json
 import ssl
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -98,12 +100,21 @@ class ApiReads:
                         names.setdefault(f"{alias}.{group}", found)
         return names
 
-    def _get_json(self, path: str, what: str) -> dict:
+    def _get_json(self, path: str, what: str, attempts: int = 10) -> dict:
         try:
             with urllib.request.urlopen(self._server + path, context=self._tls, timeout=30) as resp:
                 return json.load(resp)
-        except urllib.error.HTTPError as exc:
-            reason = {404: "NotFound", 403: "Forbidden"}.get(exc.code, str(exc.code))
-            raise ReadFailed(exc.code, f"Error from server ({reason}): {what}: {exc.read()[:500]!r}") from None
-        except OSError as exc:  # as kubectl says it, which the stand-in's retries look for
+        except urllib.error.HTTPError as exc:  # kubectl's words for the server's Status, e.g. a 503 while it starts
+            if (exc.code == 429 or exc.code >= 500) and exc.headers.get("Retry-After") and attempts > 1:
+                # client-go's rule: a 429 or 5xx that says when to come back is tried again, up to 10 times
+                time.sleep(1.0 if not exc.headers["Retry-After"].isdigit() else min(int(exc.headers["Retry-After"]), 1))
+                return self._get_json(path, what, attempts - 1)
+            try:
+                status = json.loads(exc.read())
+            except ValueError:
+                status = {}
+            raise ReadFailed(exc.code, f"Error from server ({status.get('reason') or exc.code}): "
+                                       f"{status.get('message') or what}") from None
+        except (OSError, http.client.HTTPException) as exc:  # down or restarting: kubectl's words, as the
+            # stand-in's retries (plugins.standin.unreachable) look for them
             raise ReadFailed(None, f"The connection to the server {self._server} was refused: {exc}") from None

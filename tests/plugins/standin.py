@@ -26,9 +26,9 @@ import pytest
 
 from embedjob.contract import DRIVER_METRICS_PORT_ENV
 from envtest.control_plane import KubectlError, running_control_plane
-from plugins.ray_heads import RAY_CLIENT_ENV
 from support.kubectl import create_database_secret, get_json
 from support.paths import REPO
+from support.ray_env import RAY_CLIENT_ENV
 
 
 @pytest.fixture(scope="session")
@@ -105,7 +105,10 @@ class RayJobRunner:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                for rayjob in get_json(self.kube, "rayjobs", "-n", self.namespace)["items"]:
+                # kubectl, not get_json's in-process read: this loop rides out API server restarts
+                # (test_apiserver_restart.py) as a client-go client does, with its retries
+                listed = self.kube.kubectl("get", "rayjobs", "-n", self.namespace, "-o", "json").stdout
+                for rayjob in json.loads(listed)["items"]:
                     self._step(rayjob)
             except KubectlError as exc:
                 if not unreachable(exc):
