@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--source-database-url", default=os.environ.get(SOURCE_DATABASE_URL_ENV),
                      help="PostgreSQL URL of a table source's database (default: "
                      f"${SOURCE_DATABASE_URL_ENV}, else the sink's database)")
+    run.add_argument("--ray-address", metavar="HOST:PORT",
+                     help="run on a Ray you started (`ray start --head`) instead of starting one for this run, which "
+                          "takes seconds; its workers must see the job's files and environment as this machine does")
     run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     run.add_argument("--verbose", "-v", action="store_true", help="log every batch (key=value lines on stderr) "
                      "and what the libraries print on their own (silenced otherwise)")
@@ -135,7 +138,7 @@ def _run(config: JobConfig, database_url: Callable[[], str], args: argparse.Name
     import ray
 
     from embedjob_worker.plan.batching import estimated_batches
-    from embedjob_worker.driver import fault_injection_from_env
+    from embedjob_worker.driver import connect_ray, fault_injection_from_env
     from embedjob_worker.core.metrics import DriverMetrics
     from embedjob_worker.encode.tokens import prewarm_tokenizer
     from embedjob_worker.run.job import DriverOptions, run_job
@@ -145,9 +148,11 @@ def _run(config: JobConfig, database_url: Callable[[], str], args: argparse.Name
     prewarm_tokenizer(config.spec)  # a first start's tokenizer build overlaps Ray's start
     workers = config.spec.workers
     needed_cpus = workers.replicas * workers.cpus_per_actor
-    # address="local": a fresh Ray on this machine even when RAY_ADDRESS points elsewhere.
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(needed_cpus + 0.999)),
-             include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    if args.ray_address:
+        connect_ray(args.ray_address, log_to_driver=False)  # that Ray only: never a local one instead
+    else:  # address="local": a fresh Ray on this machine even when RAY_ADDRESS points elsewhere.
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(needed_cpus + 0.999)),
+                 include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     log_event(log, "ray_ready", seconds=round(time.monotonic() - started, 2))
     url = database_url()
     metrics = DriverMetrics()

@@ -44,7 +44,7 @@ def fault_injection_from_env() -> dict | None:
     return json.loads(value) if value else None
 
 
-def connect_ray(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+def connect_ray(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S, log_to_driver: bool = True) -> None:
     """Connect to an existing Ray cluster only, within `timeout_s`; never start a local one.
 
     The TCP check finds an address nobody listens on. A GCS that accepts and never answers,
@@ -65,7 +65,7 @@ def connect_ray(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
     watchdog.daemon = True
     watchdog.start()
     try:
-        ray.init(address=address, logging_level=logging.WARNING)
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=log_to_driver)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         # A cluster with token authentication refuses a missing or wrong RAY_AUTH_TOKEN the same way.
         raise RayUnreachable(f"cannot connect to the Ray cluster at {address} (token authentication: is "
