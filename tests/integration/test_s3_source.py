@@ -9,7 +9,7 @@ import yaml
 from embedjob_worker.source.dataset import is_dataset
 from embedjob_worker.source.files import read_records
 from embedjob_worker.source.snapshot import input_snapshot
-from support.cli import EMBEDJOB, manifest, run
+from support.cli import EMBEDJOB, manifest, on_ray, run
 from support.object_files import corpus_records, encoded
 from support.sql import query
 
@@ -55,12 +55,12 @@ def write_job(tmp_path, uri: str):
     return path
 
 
-def test_embedjob_run_embeds_an_object_in_s3(s3_env, tmp_path, database_url):
+def test_embedjob_run_embeds_an_object_in_s3(s3_env, tmp_path, database_url, local_ray):
     server, bucket = s3_env
     records = corpus_records(60)
     server.client().put_object(Bucket=bucket, Key="peps/part-0.jsonl.gz", Body=encoded(records, "jsonl.gz"))
     result = run([*EMBEDJOB, "run", str(write_job(tmp_path, f"s3://{bucket}/peps/part-0.jsonl.gz")),
-                  "--database-url", database_url])
+                  "--database-url", database_url, *on_ray(local_ray)])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "records embedded   60" in result.stdout
     stored = query(database_url, "SELECT record_id FROM embeddings WHERE collection = 'cli'")
@@ -70,7 +70,7 @@ def test_embedjob_run_embeds_an_object_in_s3(s3_env, tmp_path, database_url):
 
 @pytest.mark.parametrize("case", ["missing object", "missing bucket", "wrong secret key", "unknown access key"])
 def test_an_s3_source_that_cannot_be_read_is_source_unavailable_naming_the_url_and_no_secret(
-        s3_env, tmp_path, database_url, case):
+        s3_env, tmp_path, database_url, local_ray, case):
     server, bucket = s3_env
     server.client().put_object(Bucket=bucket, Key="in.jsonl", Body=encoded(corpus_records(5), "jsonl"))
     uri = {"missing object": f"s3://{bucket}/nothing-here.jsonl",
@@ -78,7 +78,8 @@ def test_an_s3_source_that_cannot_be_read_is_source_unavailable_naming_the_url_a
     wrong_secret = "wrong-secret-Kp2x9Qz"
     env = {"wrong secret key": server.env(secret_key=wrong_secret),
            "unknown access key": server.env(access_key="AKIANOSUCHKEY0000000", secret_key=wrong_secret)}.get(case, {})
-    result = run([*EMBEDJOB, "run", str(write_job(tmp_path, uri)), "--database-url", database_url], env=env)
+    result = run([*EMBEDJOB, "run", str(write_job(tmp_path, uri)), "--database-url", database_url, *on_ray(local_ray)],
+                 env=env)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     assert "Traceback" not in result.stderr, result.stderr

@@ -38,11 +38,8 @@ from embedjob.contract import encode_job_config
 from support.net import free_port
 from support.paths import REPO
 from support.processes import spawn, stop, wait_for
+from support.ray_env import RAY_CLIENT_ENV
 
-#: for a local Ray head and the drivers that talk to it: loopback addresses throughout, no
-#: token (Ray turns authentication on when a token exists in ~/.ray), no hub
-RAY_CLIENT_ENV = {"HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
-                  "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def ray_head_command(port: int, temp_dir: str, *options: str) -> list[str]:
