@@ -1,8 +1,7 @@
 """pytest plugin: local Ray heads (`ray start --head`, 2 CPUs, on 127.0.0.1 only).
 
 - `ray_address` (module): Ray in this test process (`ray.init`, 2 CPUs, no dashboard), for
-  tests that call the driver's `run_job` directly; yields its GCS address. Kept from module to
-  module of a test process while nothing is left holding its CPUs.
+  tests that call the driver's `run_job` directly; yields its GCS address.
 - `local_ray` (session): a head without dashboard or token authentication; yields its
   address for RAY_ADDRESS. The stand-in for KubeRay runs RayJob entrypoints on it.
 - `token_ray` (session): a head with its dashboard and RAY_AUTH_MODE=token and a fresh
@@ -25,7 +24,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,55 +90,26 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     os._exit(_session_exit_status)
 
 
-def _start_ray_here() -> str:
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    return ray.get_runtime_context().gcs_address
-
-
 @contextmanager
 def ray_in_this_process(env: dict[str, str] | None = None) -> Iterator[str]:
     """Ray in this test process (2 CPUs, no dashboard) started with `env` added to os.environ, which its
-    worker processes (the actors) inherit, as a Ray pod's do its environment; yields its GCS address.
-    The Ray that `ray_address` keeps is stopped first: its processes lack `env`."""
+    worker processes (the actors) inherit, as a Ray pod's do its environment; yields its GCS address."""
     import ray
 
-    if ray.is_initialized():
-        ray.shutdown()
     with pytest.MonkeyPatch.context() as patch:
         for name, value in (env or {}).items():
             patch.setenv(name, value)
-        address = _start_ray_here()
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
         try:
-            yield address
+            yield ray.get_runtime_context().gcs_address
         finally:
             ray.shutdown()
 
 
-def _idle(timeout: float) -> bool:
-    """Whether every CPU of the Ray in this process is free again (within `timeout`: actors take a moment to go)."""
-    import ray
-
-    deadline = time.monotonic() + timeout
-    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
 @pytest.fixture(scope="module")
 def ray_address():
-    """Ray in this test process, kept for the next module (a start and a shutdown cost 10-20 s of a loaded
-    machine, once per module before); started afresh when a module's `ray_in_this_process` stopped it or a
-    module left an actor holding CPUs, which would keep the next module's actors from being scheduled."""
-    import ray
-
-    address = ray.get_runtime_context().gcs_address if ray.is_initialized() else _start_ray_here()
-    yield address
-    if ray.is_initialized() and not _idle(timeout=10):
-        ray.shutdown()
+    with ray_in_this_process() as address:
+        yield address
 
 
 @pytest.fixture(scope="session")
