@@ -10,7 +10,7 @@ import yaml
 
 from embedjob.contract import DATABASE_URL_ENV, ExitCode
 from embedjob_worker.source.snapshot import input_snapshot
-from support.cli import EMBEDJOB, manifest, on_ray, run
+from support.cli import EMBEDJOB, manifest, run, run_on_ray
 from support.corpus import corpus_lines
 from support.driver_jobs import write_input
 from support.job_models import TORCH_MODEL
@@ -50,7 +50,7 @@ def test_embedjob_run_then_search(tmp_path, database_url):
 def test_a_missing_source_file_is_a_refused_job_not_a_traceback(tmp_path, database_url, local_ray):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(manifest("does-not-exist.jsonl")))
-    result = run([*EMBEDJOB, "run", str(path), "--database-url", database_url, *on_ray(local_ray)])
+    result = run_on_ray(local_ray, [*EMBEDJOB, "run", str(path), "--database-url", database_url])
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert "SourceUnavailable" in result.stdout and "does-not-exist.jsonl" in result.stdout
@@ -110,7 +110,7 @@ def test_reruns_are_decided_by_content_and_the_output_is_the_runs(tmp_path, data
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(manifest(str(source), sortWindow=100)))  # windows 100+100+30: 4+4+1 batches
 
-    first = run([*EMBEDJOB, "run", str(job), "--database-url", database_url, *on_ray(local_ray), "-v"])
+    first = run_on_ray(local_ray, [*EMBEDJOB, "run", str(job), "--database-url", database_url, "-v"])
     assert first.returncode == 0, first.stderr
     assert "records embedded   230 (3 truncated)" in first.stdout
     assert "9 total" in first.stdout
@@ -125,7 +125,7 @@ def test_reruns_are_decided_by_content_and_the_output_is_the_runs(tmp_path, data
 
     recorded = input_snapshot(str(source))  # as the run row keeps it
     os.utime(source, (1_700_000_000, 1_700_000_000))  # touched: the same bytes
-    touched = run([*EMBEDJOB, "run", str(job), "--database-url", database_url, *on_ray(local_ray)])
+    touched = run_on_ray(local_ray, [*EMBEDJOB, "run", str(job), "--database-url", database_url])
     assert touched.returncode == 0, touched.stdout + touched.stderr
     assert "9 succeeded (9 already done)" in touched.stdout
     assert "records embedded   230 (3 truncated)" in touched.stdout  # the run's, not this invocation's
@@ -137,7 +137,7 @@ def test_reruns_are_decided_by_content_and_the_output_is_the_runs(tmp_path, data
     other = elsewhere / "job.yaml"
     other.write_text(yaml.safe_dump(merged(manifest(str(copied), sortWindow=100), {"spec": {"sink": {
         "collection": "other"}}})))
-    anew = run([*EMBEDJOB, "run", str(other), "--database-url", database_url, *on_ray(local_ray)])
+    anew = run_on_ray(local_ray, [*EMBEDJOB, "run", str(other), "--database-url", database_url])
     assert anew.returncode == 0, anew.stdout + anew.stderr
     assert "9 succeeded (0 already done)" in anew.stdout
     assert query(database_url, "SELECT collection, count(*) FROM embeddings GROUP BY collection ORDER BY 1") == \
@@ -146,7 +146,7 @@ def test_reruns_are_decided_by_content_and_the_output_is_the_runs(tmp_path, data
     changed = tmp_path / "changed.jsonl"
     write_input(changed, corpus_lines(0, 226) + long_texts)
     job.write_text(yaml.safe_dump(manifest(str(changed), sortWindow=100)))
-    refused = run([*EMBEDJOB, "run", str(job), "--database-url", database_url, *on_ray(local_ray)])
+    refused = run_on_ray(local_ray, [*EMBEDJOB, "run", str(job), "--database-url", database_url])
     assert refused.returncode == 1, refused.stdout + refused.stderr
     given = input_snapshot(str(changed))
     assert (f"InputChanged: the input changed from {source} (sha256 {recorded.content[7:19]}, "

@@ -9,7 +9,7 @@ import yaml
 from embedjob_worker.source.dataset import is_dataset
 from embedjob_worker.source.files import read_records
 from embedjob_worker.source.snapshot import input_snapshot
-from support.cli import EMBEDJOB, manifest, on_ray, run
+from support.cli import EMBEDJOB, manifest, run_on_ray
 from support.object_files import corpus_records, encoded
 from support.sql import query
 
@@ -59,8 +59,8 @@ def test_embedjob_run_embeds_an_object_in_s3(s3_env, tmp_path, database_url, loc
     server, bucket = s3_env
     records = corpus_records(60)
     server.client().put_object(Bucket=bucket, Key="peps/part-0.jsonl.gz", Body=encoded(records, "jsonl.gz"))
-    result = run([*EMBEDJOB, "run", str(write_job(tmp_path, f"s3://{bucket}/peps/part-0.jsonl.gz")),
-                  "--database-url", database_url, *on_ray(local_ray)])
+    result = run_on_ray(local_ray, [*EMBEDJOB, "run", str(write_job(tmp_path, f"s3://{bucket}/peps/part-0.jsonl.gz")),
+                  "--database-url", database_url])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "records embedded   60" in result.stdout
     stored = query(database_url, "SELECT record_id FROM embeddings WHERE collection = 'cli'")
@@ -78,7 +78,7 @@ def test_an_s3_source_that_cannot_be_read_is_source_unavailable_naming_the_url_a
     wrong_secret = "wrong-secret-Kp2x9Qz"
     env = {"wrong secret key": server.env(secret_key=wrong_secret),
            "unknown access key": server.env(access_key="AKIANOSUCHKEY0000000", secret_key=wrong_secret)}.get(case, {})
-    result = run([*EMBEDJOB, "run", str(write_job(tmp_path, uri)), "--database-url", database_url, *on_ray(local_ray)],
+    result = run_on_ray(local_ray, [*EMBEDJOB, "run", str(write_job(tmp_path, uri)), "--database-url", database_url],
                  env=env)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output

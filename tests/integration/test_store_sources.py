@@ -17,7 +17,7 @@ from embedjob_worker.source.dataset_reader import read_dataset
 from embedjob_worker.source.files import read_records
 from embedjob_worker.source.snapshot import input_snapshot
 from embedjob_worker.source.unavailable import store_unavailable
-from support.cli import EMBEDJOB, manifest, on_ray, run
+from support.cli import EMBEDJOB, manifest, run_on_ray
 from support.object_files import corpus_records, encoded
 from support.sql import query
 
@@ -103,8 +103,8 @@ def write_job(tmp_path, uri: str):
 def test_embedjob_run_embeds_an_object_in_a_store(store, tmp_path, database_url, local_ray):
     records = corpus_records(40)
     store.put("peps/part-0.jsonl.gz", encoded(records, "jsonl.gz"))
-    result = run([*EMBEDJOB, "run", str(write_job(tmp_path, store.uri("peps/part-0.jsonl.gz"))),
-                  "--database-url", database_url, *on_ray(local_ray)])
+    result = run_on_ray(local_ray, [*EMBEDJOB, "run", str(write_job(tmp_path, store.uri("peps/part-0.jsonl.gz"))),
+                  "--database-url", database_url])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "records embedded   40" in result.stdout
     stored = query(database_url, "SELECT record_id FROM embeddings WHERE collection = 'cli'")
@@ -115,7 +115,7 @@ def test_embedjob_run_with_a_refused_credential_ends_source_unavailable_with_no_
                                                                                       local_ray):
     store.put("in.jsonl", encoded(corpus_records(5), "jsonl"))
     uri = store.uri("in.jsonl")
-    result = run([*EMBEDJOB, "run", str(write_job(tmp_path, uri)), "--database-url", database_url, *on_ray(local_ray)],
+    result = run_on_ray(local_ray, [*EMBEDJOB, "run", str(write_job(tmp_path, uri)), "--database-url", database_url],
                  env=store.wrong_credentials(tmp_path))
     output = result.stdout + result.stderr
     assert result.returncode == 1, output

@@ -5,7 +5,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from support.cli import EMBEDJOB, manifest as cli_manifest, on_ray, run
+from support.cli import EMBEDJOB, manifest as cli_manifest, run, run_on_ray
 from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
 from support.manifests import merged
@@ -68,7 +68,7 @@ def test_embedjob_run_index_hnsw_on_halfvec_then_search(tmp_path, database_url, 
     write_input(tmp_path / "peps.jsonl", corpus_lines(0, 200))
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(merged(cli_manifest("peps.jsonl"), {"spec": {"sink": {"vectorType": "halfvec"}}})))
-    result = run([*EMBEDJOB, "run", str(path), "--index", "hnsw", "--database-url", database_url, *on_ray(local_ray)])
+    result = run_on_ray(local_ray, [*EMBEDJOB, "run", str(path), "--index", "hnsw", "--database-url", database_url])
     assert result.returncode == 0, result.stderr
     assert "vector index       embeddings_hnsw_ip built in " in result.stdout
     assert query(database_url, "SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
@@ -88,7 +88,7 @@ def test_embedjob_run_index_hnsw_on_halfvec_then_search(tmp_path, database_url, 
 
     vector = tmp_path / "vector.yaml"  # the same table, written as vector: refused, nothing mixed
     vector.write_text(yaml.safe_dump(merged(cli_manifest("peps.jsonl"), {"spec": {"sink": {"collection": "other"}}})))
-    mixed = run([*EMBEDJOB, "run", str(vector), "--database-url", database_url, *on_ray(local_ray)])
+    mixed = run_on_ray(local_ray, [*EMBEDJOB, "run", str(vector), "--database-url", database_url])
     assert mixed.returncode == 1
     assert ("VectorTypeMismatch: table public.embeddings holds halfvec(384) vectors but spec.sink.vectorType is vector"
             in mixed.stdout)

@@ -26,16 +26,16 @@ def manifest(uri: str, model: dict = FAST_START_MODEL, **batching) -> dict:
     }
 
 
-def on_ray(address: str) -> list[str]:
-    """`embedjob run`'s arguments to run on a Ray head the tests started (plugins.ray_heads.local_ray) instead of
-    starting one: for tests whose subject is not that start (a Ray start costs ~9 s of CPU here)."""
-    return ["--ray-address", address]
-
-
 def run(args: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`args` run with this environment and `env` (a variable given None is unset); with --ray-address, as a client
-    of the tests' Ray heads (RAY_CLIENT_ENV)."""
-    merged = {**os.environ, "HF_HUB_OFFLINE": "1", **(RAY_CLIENT_ENV if "--ray-address" in args else {}),
-              **(env or {})}
+    """`args` run with this environment and `env` (a variable given None is unset)."""
+    merged = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout,
                           env={name: value for name, value in merged.items() if value is not None})
+
+
+def run_on_ray(address: str, args: list[str], env: dict | None = None, timeout: float = 300
+               ) -> subprocess.CompletedProcess:
+    """`embedjob run ...` (`args`) on a Ray head the tests started (plugins.ray_heads.local_ray) with --ray-address,
+    as that head's client (RAY_CLIENT_ENV), instead of starting a Ray of its own: for tests whose subject is not
+    that start (a Ray start costs ~9 s of CPU here)."""
+    return run([*args, "--ray-address", address], {**RAY_CLIENT_ENV, **(env or {})}, timeout)
