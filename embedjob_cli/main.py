@@ -146,11 +146,11 @@ def _run(config: JobConfig, database_url: Callable[[], str], args: argparse.Name
     from embedjob_worker.source.table import table_uri
 
     prewarm_tokenizer(config.spec)  # a first start's tokenizer build overlaps Ray's start
-    workers = config.spec.workers
-    needed_cpus = workers.replicas * workers.cpus_per_actor
     if args.ray_address:
         connect_ray(args.ray_address, log_to_driver=False)  # that Ray only: never a local one instead
     else:  # address="local": a fresh Ray on this machine even when RAY_ADDRESS points elsewhere.
+        workers = config.spec.workers
+        needed_cpus = workers.replicas * workers.cpus_per_actor
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(needed_cpus + 0.999)),
                  include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     log_event(log, "ray_ready", seconds=round(time.monotonic() - started, 2))

@@ -44,8 +44,8 @@ import pytest
 from envtest.node import runs as node_runs
 # the envtest plugin's process and readiness helpers (one definition, used here too)
 from envtest.binaries import SETUP, SKIP_ENV
-from envtest.api_reads import ReadFailed
 from envtest.control_plane import Kube
+from support.kubectl import read_or_none
 from support.net import free_port
 from support.processes import spawn, stop, tail, wait_for
 
@@ -266,13 +266,9 @@ def wait_for_pod(kube: Kube, namespace: str, name: str, predicate, timeout: floa
     deadline = time.monotonic() + timeout
     pod: dict = {}
     while time.monotonic() < deadline:
-        try:
-            pod = kube.reads.get("pods", name, namespace)
-        except ReadFailed:
-            pass
-        else:
-            if predicate(pod):
-                return pod
+        pod = read_or_none(kube, "pods", name, "-n", namespace) or pod
+        if pod and predicate(pod):
+            return pod
         time.sleep(0.5)
     events = kube.kubectl("get", "events", "-n", namespace, check=False).stdout
     raise TimeoutError(f"pod {namespace}/{name}: {what} not reached in {timeout}s; status:\n"

@@ -39,7 +39,6 @@ from support.processes import spawn, stop, wait_for
 from support.ray_env import RAY_CLIENT_ENV
 
 
-
 def ray_head_command(port: int, temp_dir: str, *options: str) -> list[str]:
     """`ray start --head` (2 CPUs) on 127.0.0.1 with free ports for all of its servers.
 
