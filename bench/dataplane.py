@@ -37,7 +37,7 @@ from rounds import report, run_rounds
 from throughput import TINY_BATCH, embedjob_driver
 from tiny_model import build_tiny_model
 
-from embedjob import db
+from embedjob import schema
 from embedjob_worker.plan.batching import batch_key, make_batches
 from embedjob_worker.sink.copy_data import content_salt
 from embedjob_worker.plan.feed import lookup_groups
@@ -85,7 +85,7 @@ def stage_round(path: Path, records: int, dim: int, batch_size: int) -> dict[str
         target = SinkTarget("bench/dataplane", "bench", "embeddings", content_salt(True, None), schema="public")
         sink = PostgresSink(open_engine(server.get_uri()), target)
         try:
-            db.migrate(server.get_uri())
+            schema.migrate(server.get_uri())
             run = JobRuns(sink.engine, target, "dataplane", "bench").start(RunRequest("m", "r", "input", "config"),
                                                                            new_run=False).run
             ensure_vectors_table(sink.engine, target.vectors, dim, target.vector_type)

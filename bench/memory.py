@@ -55,7 +55,7 @@ def stream(path: str) -> None:
     embedded server in its own processes, so its memory is not counted here."""
     import pgserver
 
-    from embedjob import db
+    from embedjob import schema
     from embedjob.api import parse_spec
     from embedjob_worker.sink.copy_data import content_salt
     from embedjob_worker.plan.feed import FeedPlan, FeedSkips, batches_to_embed
@@ -71,7 +71,7 @@ def stream(path: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="delete")
         try:
-            db.migrate(server.get_uri())
+            schema.migrate(server.get_uri())
             engine = open_engine(server.get_uri())
             target = SinkTarget("bench/memory", "bench", "embeddings", content_salt(True, None), schema="public")
             run = JobRuns(engine, target, "memory", "bench").start(RunRequest("m", "r", "input", "config"),

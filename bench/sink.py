@@ -24,7 +24,7 @@ import numpy as np
 import sqlalchemy as sa
 from rounds import report, run_rounds
 
-from embedjob import db
+from embedjob import schema
 from embedjob_worker.sink.copy_data import content_salt
 from embedjob_worker.core.outcome import AttemptRow, BatchOutcome, now
 from embedjob_worker.core.records import Record
@@ -68,7 +68,7 @@ def fresh_sink(dim: int, vector_type: str = "vector", job: str = "sink"):
     with tempfile.TemporaryDirectory() as tmp:
         server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="delete")
         try:
-            db.migrate(server.get_uri())
+            schema.migrate(server.get_uri())
             engine = open_engine(server.get_uri())
             target = SinkTarget(f"bench/{job}", "bench", "embeddings", content_salt(True, None), vector_type,
                                 schema="public")

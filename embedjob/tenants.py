@@ -21,7 +21,7 @@ import sys
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from embedjob import db
+from embedjob import db, schema
 from embedjob.contract import DATABASE_URL_ENV
 
 # What a driver reads and writes (sink, seen ids, shards read, revisions, pool leases); it only reads the version table.
@@ -67,7 +67,7 @@ def _table_privileges(conn: sa.Connection, verb: str, role: str) -> None:
 def grant(url: str, namespace: str, role: str) -> list[str]:
     """Confine `role` to `namespace` (added to those it has) with what a driver needs; what was done."""
     _check(namespace, role)
-    db.migrate(url)
+    schema.migrate(url)
     engine = db.create_engine(url)
     try:
         with engine.begin() as conn:
@@ -133,11 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no database: set {DATABASE_URL_ENV} or pass --database-url")
     try:
         if args.command == "migrate":
-            db.migrate(args.database_url)
+            schema.migrate(args.database_url)
             lines = ["the bookkeeping tables are at the newest schema"]
         else:
             lines = (grant if args.command == "grant" else revoke)(args.database_url, args.namespace, args.role)
-    except (TenantError, db.SchemaBehind) as exc:
+    except (TenantError, schema.SchemaBehind) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except sa.exc.SQLAlchemyError as exc:

@@ -1,4 +1,4 @@
-"""Alembic environment: runs on the connection `embedjob.db.migrate` hands in."""
+"""Alembic environment: runs on the connection `embedjob.schema.migrate` hands in."""
 
 from alembic import context
 

@@ -18,7 +18,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from embedjob import db
+from embedjob import db, schema
 from embedjob.contract import DATABASE_URL_ENV
 from embedjob_worker.core.actor_names import pool_actor_name
 from plugins.operator_process import namespaced_grant
@@ -179,7 +179,7 @@ def test_a_forged_lease_for_another_namespaces_cluster_is_ignored(kube_without_k
     # Issue 10 item 5: the attacker's own genuine lease, and a forged one on the victim's cluster naming its job.
     tag = uuid.uuid4().hex[:8]
     own_pool, their_pool = f"pool-own{tag}", f"pool-their{tag}"
-    db.migrate(database_url)
+    schema.migrate(database_url)
     write_lease(database_url, f"{victim}/{SHARED_CLUSTER}", their_pool, mine)
     write_lease(database_url, f"{namespace}/{SHARED_CLUSTER}", own_pool, mine)
 

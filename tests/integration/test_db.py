@@ -4,13 +4,13 @@ import typing
 
 import sqlalchemy as sa
 
-from embedjob import api, db
+from embedjob import api, db, schema
 from embedjob.vectors_schema import vectors_table
 
 
 def test_migrations_create_the_bookkeeping_tables_idempotently(database_url):
-    db.migrate(database_url)
-    db.migrate(database_url)  # a second driver starting later changes nothing
+    schema.migrate(database_url)
+    schema.migrate(database_url)  # a second driver starting later changes nothing
     engine = sa.create_engine(database_url)
     tables = set(sa.inspect(engine).get_table_names())
     assert {t.name for t in db.metadata.sorted_tables} <= tables

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from controller import database
 from controller.pool_leases import LeaseStore
 from controller.run_reader import RunReader, RunUnavailable
-from embedjob import db
+from embedjob import db, schema
 
 #: what a bounded call may take here: its timeout and room for a loaded machine
 BOUND_S = database.CONNECT_TIMEOUT_SECONDS + 10
@@ -78,7 +78,7 @@ def test_the_run_reader_gives_up_on_a_database_that_never_answers(silent_databas
 
 
 def test_the_pool_lock_held_elsewhere_fails_the_sweeps_call_instead_of_waiting(database_url):
-    db.migrate(database_url)
+    schema.migrate(database_url)
     holder = sa.create_engine(db.engine_url(database_url))
     params = {"name": db.pool_lock_name("team/ray", "pool-a")}
     with holder.connect() as conn:

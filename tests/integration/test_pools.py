@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from controller.pool_leases import LeaseStore
-from embedjob import db
+from embedjob import db, schema
 from embedjob.contract import pool_removal_command
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.core.errors import JobFailed
@@ -89,7 +89,7 @@ def test_jobs_with_the_same_model_share_one_pool_and_another_revision_gets_its_o
 
 
 def lease_for_test(database_url: str, tmp_path, **timing: float) -> PoolLease:
-    db.migrate(database_url)
+    schema.migrate(database_url)
     config = JobConfig.from_manifest(shared_job("leased", str(uuid.uuid4()), sample_input(tmp_path, 1), PACKAGED_MODEL))
     return PoolLease.acquire(db.create_engine(database_url), "pool-test", CLUSTER, config, 1, **timing)
 

@@ -10,7 +10,8 @@ from support.corpus import corpus_lines
 from support.driver_jobs import manifest, write_input
 from support.sql import query
 from embedjob_cli.search import revision_refusal
-from embedjob.db import migrate, runs
+from embedjob.db import runs
+from embedjob.schema import migrate
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.run.job import DriverOptions, run_job
 from embedjob_worker.sink.revisions import drop_retired, make_ready, mark_embedding

@@ -10,7 +10,8 @@ from alembic import command
 from alembic.config import Config
 
 from controller.run_reader import RunReader
-from embedjob.db import MIGRATIONS_DIR, migrate, revisions, runs
+from embedjob.db import MIGRATIONS_DIR, revisions, runs
+from embedjob.schema import migrate
 
 
 def _run_row(job_key: str, started_at: dt.datetime, **counters) -> dict:

@@ -12,7 +12,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from controller.run_reader import RunReader
-from embedjob import db, tenants
+from embedjob import db, schema, tenants
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.sink.copy_data import content_salt
 from embedjob_worker.run.job import run_job
@@ -233,7 +233,7 @@ def test_the_admin_command_names_what_it_refuses(database_url, capsys, monkeypat
 
 
 def test_a_tenant_migrates_nothing_at_head_and_says_why_it_cannot_migrate(database_url, tenant_a, tmp_path):
-    db.migrate(tenant_a.url)  # at head: no DDL, which the role may not run
+    schema.migrate(tenant_a.url)  # at head: no DDL, which the role may not run
     cfg = Config()
     cfg.set_main_option("script_location", str(db.MIGRATIONS_DIR))
     owner = sa.create_engine(database_url)
@@ -242,16 +242,16 @@ def test_a_tenant_migrates_nothing_at_head_and_says_why_it_cannot_migrate(databa
         command.downgrade(cfg, "0004")
     owner.dispose()
     head = ScriptDirectory.from_config(cfg).get_current_head()
-    with pytest.raises(db.SchemaBehind, match=rf"at revision 0004, this driver needs {head}, and role {tenant_a.role} "
+    with pytest.raises(schema.SchemaBehind, match=rf"at revision 0004, this driver needs {head}, and role {tenant_a.role} "
                                               r"may not migrate it: run `python -m embedjob.tenants migrate`"):
-        db.migrate(tenant_a.url)
+        schema.migrate(tenant_a.url)
     # the driver under that role refuses the job with the same words, writing nothing
     job = JobConfig.from_manifest(manifest(write_input(tmp_path / "in.jsonl", corpus_lines(0, 5)), "behind"))
     summary = run_job(job, tenant_a.url)
     assert (summary.state, summary.reason, summary.run_id) == ("failed", "SchemaBehind", None)
     assert "run `python -m embedjob.tenants migrate`" in summary.error
     assert tenants.main(["--database-url", database_url, "migrate"]) == 0
-    db.migrate(tenant_a.url)
+    schema.migrate(tenant_a.url)
 
 
 def test_roles_granted_before_the_shards_and_revisions_tables_came_may_use_them_after_the_upgrade(
@@ -266,7 +266,7 @@ def test_roles_granted_before_the_shards_and_revisions_tables_came_may_use_them_
     with owner.begin() as conn:  # the operator's role as docs/install.md granted it then
         conn.execute(sa.text(f"GRANT SELECT ON embedjob_runs TO {operator}"))
     owner.dispose()
-    db.migrate(database_url)  # the owner upgrades; nobody runs `tenants grant` again
+    schema.migrate(database_url)  # the owner upgrades; nobody runs `tenants grant` again
     a, b = tenant_a.engine(), tenant_b.engine()
     run_a, run_b = _run("team-a", "uid-a"), _run("team-b", "uid-b")
     for engine, run in ((a, run_a), (b, run_b)):

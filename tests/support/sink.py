@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from embedjob import db
+from embedjob import schema
 from embedjob_worker.sink.postgres import PostgresSink, open_engine
 from embedjob_worker.sink.runs import JobRuns
 from embedjob_worker.sink.target import SinkTarget
@@ -27,7 +27,7 @@ def open_job(url: str, target: SinkTarget, job_name: str, namespace: str, dim: i
     """The job's runs and batch writes on one engine, after the migrations (unless `migrate` is false) and, with
     `dim`, the vectors table created."""
     if migrate:
-        db.migrate(url)
+        schema.migrate(url)
     engine = open_engine(url)
     target = target.in_schema_of(engine)
     if dim is not None:

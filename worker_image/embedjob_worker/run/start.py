@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from embedjob import db
+from embedjob import schema
 
 from embedjob_worker.core.change_window import ChangeWindow, window_for
 from embedjob_worker.core.config import JobConfig, config_fingerprint, run_identity
@@ -48,10 +48,10 @@ def migrate(database_url: str) -> None:
     """The bookkeeping tables at the newest schema: Unreachable without the database, JobFailed (SchemaBehind)
     when this role may not migrate them."""
     try:
-        db.migrate(database_url)
+        schema.migrate(database_url)
     except sa.exc.OperationalError as exc:
         raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
-    except db.SchemaBehind as exc:  # a namespace role may not migrate: an admin must (docs/install.md)
+    except schema.SchemaBehind as exc:  # a namespace role may not migrate: an admin must (docs/install.md)
         raise JobFailed("SchemaBehind", str(exc)) from None
 
 
