@@ -160,6 +160,24 @@ run_shards = sa.Table(
     sa.Column("batch_ids", postgresql.ARRAY(sa.Text), nullable=False),
 )
 
+# The files of a dataset (spec.source.uri a prefix or glob) as one driver session listed them, in reading order
+# (`position`, from 0), written page by page as the store lists them so that a listing of millions of files is
+# never held in the driver's memory. A run's input record names its listing (`"listing": listing_id`); a
+# session's start keeps only the listing of the job's latest started run (sink.listings).
+listed_files = sa.Table(
+    "embedjob_listed_files",
+    metadata,
+    sa.Column("listing_id", sa.String(36), primary_key=True),
+    sa.Column("position", sa.Integer, primary_key=True),
+    sa.Column("job_key", sa.String(300), nullable=False, index=True),
+    sa.Column("namespace", sa.String(63), nullable=False),  # the job's (row-level security)
+    sa.Column("key", sa.Text, nullable=False),  # under the dataset's root: what the fingerprint names
+    sa.Column("uri", sa.Text, nullable=False),
+    sa.Column("size", sa.BigInteger),  # None: the store gave none
+    sa.Column("content", sa.Text, nullable=False),  # source.snapshot.InputSnapshot.content
+    sa.Column("modified", sa.Text),
+)
+
 # The state of each (vectors table, collection, model, revision) written by a run: `embedding` from a run's start
 # until a run of it succeeds with every batch written, then `ready` (at most one per table and collection: the
 # revision searches read, through the table's `_current` view) until another revision becomes ready, then `retired`

@@ -24,9 +24,10 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from embedjob import db, schema
 from embedjob.contract import DATABASE_URL_ENV
 
-# What a driver reads and writes (sink, seen ids, shards read, revisions, pool leases); it only reads the version table.
+# What a driver reads and writes (sink, seen ids, shards read, revisions, pool leases, dataset listings); it only
+# reads the version table.
 DRIVER_TABLES = (db.runs, db.batches, db.batch_attempts, db.record_errors, db.seen_ids, db.run_shards, db.revisions,
-                 db.pool_leases)
+                 db.pool_leases, db.listed_files)
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 

@@ -8,7 +8,7 @@ import pytest
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.run.job import run_job
-from embedjob_worker.source import dataset, s3_objects
+from embedjob_worker.source import dataset, dataset_listing, s3_objects
 from embedjob_worker.source.dataset import dataset_snapshot
 from embedjob_worker.source.dataset_reader import read_dataset
 from support.driver_crash import assert_resumed_exactly, kill_driver_after
@@ -45,7 +45,7 @@ def test_a_prefix_is_embedded_once_per_record_in_key_order_and_changed_parts_are
     keys = upload_parts(server, bucket, records)
     uri = f"s3://{bucket}/corpus/"
     snapshot = dataset_snapshot(uri, "jsonl")
-    assert snapshot.keys == tuple(key.removeprefix("corpus/") for key in keys)
+    assert tuple(snapshot.files.keys) == tuple(key.removeprefix("corpus/") for key in keys)
     assert all(part.content.startswith("ETag:") for part in snapshot.files)
     read = list(read_dataset(snapshot.files, "jsonl", "id", "text"))
     assert [(r.position, r.id) for r in read] == [(n, r["id"]) for n, r in enumerate(records)]
@@ -69,6 +69,30 @@ def test_a_prefix_is_embedded_once_per_record_in_key_order_and_changed_parts_are
     assert f"the input changed from {uri} (20 files, " in refused.error
     assert ("(files changed: part-00004.jsonl; gone: part-00007.jsonl; new: part-00020.jsonl)"
             in refused.error), refused.error
+
+
+@pytest.mark.parametrize("pattern", ["deep/", "deep/*.jsonl", "deep/**/part-?.jsonl", "deep/[ab]*/*", "deep/a*",
+                                     "deep/**"])
+def test_a_listing_is_handed_on_a_page_of_s3_at_a_time_and_matches_what_fsspec_globs(s3_env, monkeypatch, pattern):
+    server, bucket = s3_env
+    client = server.client()
+    keys = ["deep/a/part-1.jsonl", "deep/a-b.jsonl", "deep/b/c/part-2.jsonl", "deep/é.jsonl", "deep/a/part-10.jsonl",
+            "deep/Z.jsonl", "deep/a/notes.txt", "other/a/part-1.jsonl"]
+    for key in keys:
+        client.put_object(Bucket=bucket, Key=key, Body=b"{}\n")
+    monkeypatch.setattr(dataset_listing, "LISTING_PAGE", 2)
+    fs, pages = dataset_listing.dataset_files(f"s3://{bucket}/{pattern}", "jsonl")
+    pages = list(pages)
+    listed = [name for page in pages for name, _ in page]
+    assert fs.dircache == {}  # paged: nothing of the listing is kept by the filesystem
+    if pattern.endswith("/"):
+        expected = sorted(f"{bucket}/{key}" for key in keys if key.startswith(pattern) and key.endswith(".jsonl"))
+    else:
+        fs.invalidate_cache()
+        expected = sorted(name for name, info in fs.glob(f"{bucket}/{pattern}", detail=True).items()
+                          if info["type"] == "file")
+    assert listed == expected and expected  # in code point order of key, as S3 lists
+    assert all(len(page) <= 2 for page in pages)
 
 
 def test_a_part_replaced_after_the_listing_stops_the_read_naming_it(s3_env):
@@ -129,7 +153,7 @@ def test_a_parquet_glob_reads_only_its_columns_and_nothing_matched_is_source_una
                                  "blob": [b"\0" * 100_000] * len(part)}), sink)
         server.client().put_object(Bucket=bucket, Key=f"pq/day={n}/part-0.parquet", Body=sink.getvalue())
     snapshot = dataset_snapshot(f"s3://{bucket}/pq/**/*.parquet", "parquet")
-    assert snapshot.keys == ("day=0/part-0.parquet", "day=1/part-0.parquet", "day=2/part-0.parquet")
+    assert tuple(snapshot.files.keys) == ("day=0/part-0.parquet", "day=1/part-0.parquet", "day=2/part-0.parquet")
     read = list(read_dataset(snapshot.files, "parquet", "id", "text"))
     assert [(r.position, r.id, r.text) for r in read] == [(n, r["id"], r["text"]) for n, r in enumerate(records)]
 

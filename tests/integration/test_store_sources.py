@@ -164,10 +164,10 @@ def test_a_prefix_and_a_glob_in_a_store_read_their_parts_in_key_order_and_a_repl
         store.put(key, encoded(records[n * 10:(n + 1) * 10], key.split(".", 1)[1]))
     store.put("ds/_SUCCESS", b"")
     snapshot = dataset_snapshot(store.uri("ds/"), "jsonl")
-    assert snapshot.keys == tuple(key.removeprefix("ds/") for key in keys)
+    assert tuple(snapshot.files.keys) == tuple(key.removeprefix("ds/") for key in keys)
     read = list(read_dataset(snapshot.files, "jsonl", "id", "text"))
     assert [(r.position, r.id) for r in read] == [(n, r["id"]) for n, r in enumerate(records)]
-    assert dataset_snapshot(store.uri("ds/**/*.jsonl.gz"), "jsonl").keys == tuple(
+    assert tuple(dataset_snapshot(store.uri("ds/**/*.jsonl.gz"), "jsonl").files.keys) == tuple(
         key.removeprefix("ds/") for key in keys[1::2])
 
     store.put(keys[2], encoded(corpus_records(3), "jsonl"))

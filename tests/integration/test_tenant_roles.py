@@ -61,6 +61,8 @@ def _rows_of_job(run: dict, n: int) -> dict[sa.Table, dict]:
                        "revision": "r", "state": "ready", "namespace": run["namespace"], "run_id": run_id},
         db.pool_leases: {"lease_id": str(uuid.uuid4()), "pool": "p", "cluster": f"{run['namespace']}/ray",
                          "job_key": key, "job_name": "pep", "namespace": run["namespace"], "actors": 1},
+        db.listed_files: {"listing_id": run_id, "position": n, "job_key": key, "namespace": run["namespace"],
+                          "key": f"part-{n}.jsonl", "uri": f"s3://b/part-{n}.jsonl", "size": 9, "content": "ETag:x"},
     }
 
 
@@ -94,7 +96,8 @@ def test_a_tenant_cannot_read_insert_update_or_delete_another_namespaces_rows(da
     with a.begin() as conn:
         assert conn.execute(sa.select(table)).all() == []
         column = {db.runs: "state", db.pool_leases: "actors", db.seen_ids: "position", db.run_shards: "records", db.record_errors: "detail",
-                  db.batch_attempts: "reason", db.batches: "state", db.revisions: "run_id"}[table]
+                  db.batch_attempts: "reason", db.batches: "state", db.revisions: "run_id",
+                  db.listed_files: "content"}[table]
         value = {"actors": 9, "position": 99, "records": 99}.get(column, "failed")
         assert conn.execute(table.update().values({column: value})).rowcount == 0
         assert conn.execute(table.delete()).rowcount == 0
@@ -254,7 +257,7 @@ def test_a_tenant_migrates_nothing_at_head_and_says_why_it_cannot_migrate(databa
     schema.migrate(tenant_a.url)
 
 
-def test_roles_granted_before_the_shards_and_revisions_tables_came_may_use_them_after_the_upgrade(
+def test_roles_granted_before_the_shards_revisions_and_listings_tables_came_may_use_them_after_the_upgrade(
         database_url, tenant_a, tenant_b):
     cfg = Config()
     cfg.set_main_option("script_location", str(db.MIGRATIONS_DIR))
@@ -272,12 +275,13 @@ def test_roles_granted_before_the_shards_and_revisions_tables_came_may_use_them_
     for engine, run in ((a, run_a), (b, run_b)):
         with engine.begin() as conn:
             conn.execute(db.runs.insert().values(**run))
-            for table in (db.run_shards, db.revisions):
+            for table in (db.run_shards, db.revisions, db.listed_files):
                 conn.execute(table.insert().values(**_rows_of_job(run, 0)[table]))
     with a.connect() as conn:  # still confined to its own namespace's rows
         assert conn.execute(sa.select(db.run_shards.c.run_id)).scalars().all() == [run_a["run_id"]]
         assert conn.execute(sa.select(db.revisions.c.namespace)).scalars().all() == ["team-a"]
-    for table in (db.run_shards, db.revisions):
+        assert conn.execute(sa.select(db.listed_files.c.namespace)).scalars().all() == ["team-a"]
+    for table in (db.run_shards, db.revisions, db.listed_files):
         assert RLS_REFUSED in _refused(a, table.insert().values(**_rows_of_job(run_b, 1)[table]))
     a.dispose()
     b.dispose()

@@ -11,8 +11,8 @@ import pytest
 
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.records import RawRecord
-from embedjob_worker.source.dataset import (
-    dataset_changes, dataset_files, dataset_root, dataset_snapshot, is_dataset, is_pattern)
+from embedjob_worker.source.dataset import dataset_root, dataset_snapshot, is_dataset, is_pattern
+from embedjob_worker.source.dataset_listing import dataset_files
 from embedjob_worker.source.dataset_reader import read_dataset
 from embedjob_worker.source.files import count_records, read_records, resolve_uri
 from embedjob_worker.source.snapshot import describe_input, input_snapshot
@@ -59,8 +59,8 @@ def test_prefixes_and_globs_name_datasets_and_one_file_stays_one():
 
 def test_a_prefix_reads_every_file_of_its_format_at_any_depth_in_lexical_order(corpus):
     snapshot = dataset_snapshot(str(corpus) + "/", "jsonl")
-    assert snapshot.keys == ("day=2/deep/part-9.ndjson", "day=2/part-0.json", "part-0.jsonl.gz", "part-1.jsonl",
-                             "part-5.jsonl")
+    assert tuple(snapshot.files.keys) == ("day=2/deep/part-9.ndjson", "day=2/part-0.json", "part-0.jsonl.gz",
+                                          "part-1.jsonl", "part-5.jsonl")
     records = list(read_dataset(snapshot.files, "jsonl", "id", "text"))
     # positions run on from file to file; the compressed part is decompressed; the empty one adds nothing
     assert ids(records) == [(0, "d1"), (1, "c1"), (2, "c2"), (3, "a1"), (4, "b1"), (5, "b2")]
@@ -76,7 +76,7 @@ def test_a_prefix_reads_every_file_of_its_format_at_any_depth_in_lexical_order(c
     ("day=*/part-0.json", ["day=2/part-0.json"]),
 ])
 def test_a_glob_reads_the_files_it_matches_in_lexical_order(corpus, pattern, expected):
-    assert list(dataset_snapshot(f"{corpus}/{pattern}", "jsonl").keys) == expected
+    assert list(dataset_snapshot(f"{corpus}/{pattern}", "jsonl").files.keys) == expected
 
 
 def test_a_web_server_is_no_dataset_store():
@@ -87,10 +87,10 @@ def test_a_web_server_is_no_dataset_store():
 
 def test_nothing_matched_is_an_error_naming_what_was_looked_for(corpus, tmp_path):
     with pytest.raises(FileNotFoundError, match="no file matches the pattern"):
-        dataset_files(f"{corpus}/*.parquet", "parquet")
+        list(dataset_files(f"{corpus}/*.parquet", "parquet")[1])
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=r"no file under the prefix whose name ends in \.parquet, \.pq"):
-        dataset_files(f"{tmp_path}/empty/", "parquet")
+        list(dataset_files(f"{tmp_path}/empty/", "parquet")[1])
 
 
 def test_the_fingerprint_is_the_files_keys_sizes_and_bytes_wherever_they_lie(corpus, tmp_path):
@@ -104,17 +104,24 @@ def test_the_fingerprint_is_the_files_keys_sizes_and_bytes_wherever_they_lie(cor
     assert dataset_snapshot(f"{corpus}/", "jsonl").fingerprint != before.fingerprint
 
 
-def test_a_refusal_names_the_files_that_changed_went_or_came(corpus):
-    before = dataset_snapshot(f"{corpus}/", "jsonl").record()
-    assert describe_input(before).startswith(f"{corpus}/ (5 files, ")
-    (corpus / "part-1.jsonl").write_bytes(jsonl("b1", "b3"))
-    (corpus / "part-0.jsonl.gz").unlink()
-    for n in range(7):
-        (corpus / f"new-{n}.jsonl").write_bytes(jsonl(f"n{n}"))
-    after = dataset_snapshot(f"{corpus}/", "jsonl").record()
-    assert dataset_changes(before, after) == ("changed: part-1.jsonl; gone: part-0.jsonl.gz; "
-                                              "new: new-0.jsonl, new-1.jsonl, new-2.jsonl, new-3.jsonl, new-4.jsonl "
-                                              "and 2 more")
+def test_the_run_row_records_the_dataset_and_names_its_listing(corpus):
+    record = dataset_snapshot(f"{corpus}/", "jsonl").record()
+    assert describe_input(record).startswith(f"{corpus}/ (5 files, ")
+    assert record["listing"] is None  # kept in this process: a driver's is in the database (sink.listings)
+
+
+def test_a_listing_comes_a_page_at_a_time_in_lexical_order(tmp_path, monkeypatch):
+    from embedjob_worker.source import dataset_listing
+
+    monkeypatch.setattr(dataset_listing, "LISTING_PAGE", 2)
+    for name in ("a-b.jsonl", "a/x.jsonl", "a/b/y.jsonl", "A.jsonl", "é.jsonl"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(jsonl(name))
+    pages = list(dataset_files(f"{tmp_path}/", "jsonl")[1])
+    assert [len(page) for page in pages] == [2, 2, 1]
+    # code point order of the whole key ('-' before '/'), as S3 lists it, not a folder walk's
+    assert [name[len(str(tmp_path)) + 1:] for page in pages for name, _ in page] == [
+        "A.jsonl", "a-b.jsonl", "a/b/y.jsonl", "a/x.jsonl", "é.jsonl"]
 
 
 def test_a_file_changed_or_gone_after_the_listing_stops_the_run_naming_it(corpus):
@@ -155,9 +162,9 @@ def test_a_file_whose_name_holds_glob_characters_is_that_one_file_and_a_class_gl
         assert [r.id for r in read_records(uri, "jsonl", "id", "text")] == [f"r{n}"]
         assert input_snapshot(uri).size == len(jsonl(f"r{n}")) and count_records(uri, "jsonl") == 1
     # a folder with such a character inside a glob: the character written as a class of its own
-    assert dataset_snapshot(f"{tmp_path}/run[[]1]/part-*.jsonl", "jsonl").keys == (
+    assert tuple(dataset_snapshot(f"{tmp_path}/run[[]1]/part-*.jsonl", "jsonl").files.keys) == (
         "run[1]/part-0.jsonl", "run[1]/part-1.jsonl")
-    assert dataset_snapshot(f"{tmp_path}/run[1]/part-*.jsonl", "jsonl").keys == ("run1/part-9.jsonl",)
+    assert tuple(dataset_snapshot(f"{tmp_path}/run[1]/part-*.jsonl", "jsonl").files.keys) == ("run1/part-9.jsonl",)
 
 
 def test_a_relative_prefix_keeps_its_slash():

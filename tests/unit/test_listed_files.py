@@ -1,4 +1,4 @@
-"""A dataset's listed files kept as columns (source.listed_files): the same snapshots back, whatever their strings."""
+"""A dataset's listed files kept in memory as columns (source.listed_files), and its fingerprint hashed as it is listed."""
 
 import hashlib
 import json
@@ -6,7 +6,8 @@ import pickle
 
 import pytest
 
-from embedjob_worker.source.dataset import DatasetSnapshot
+from embedjob_worker.source.dataset import dataset_snapshot
+from embedjob_worker.source.dataset_listing import LISTING_PAGE
 from embedjob_worker.source.listed_files import ListedFiles
 from embedjob_worker.source.snapshot import InputSnapshot
 
@@ -40,10 +41,20 @@ def test_an_empty_listing_and_a_pickled_one():
     assert list(pickle.loads(pickle.dumps(files)).keyed()) == list(files.keyed())
 
 
-def test_the_fingerprint_is_the_one_runs_recorded_before_the_columns():
-    """A run started before the listing was kept as columns resumes: its batch ids derive from this fingerprint."""
-    snapshot = DatasetSnapshot("s3://b/ds/", ListedFiles(KEYED))
-    listed = [[key, part.size, part.content] for key, part in KEYED]
+def test_a_listing_kept_a_page_at_a_time_is_the_same_listing():
+    files = ListedFiles()
+    for start in range(0, len(KEYED), 3):
+        files.keep(KEYED[start:start + 3])
+    assert list(files.keyed()) == list(ListedFiles(KEYED).keyed()) and files.kept() is files
+
+
+def test_the_fingerprint_is_the_one_runs_recorded_when_they_kept_the_whole_listing(tmp_path):
+    """A run started before the listing was hashed a file at a time resumes: its batch ids derive from this."""
+    names = [f"part-{n:05d}-ü.jsonl" for n in range(LISTING_PAGE + 3)]  # more than one page
+    for n, name in enumerate(names):
+        (tmp_path / name).write_bytes(b"x" * n)
+    snapshot = dataset_snapshot(f"{tmp_path}/", "jsonl")
+    listed = [[key, part.size, part.content] for key, part in snapshot.files.keyed()]
+    assert [key for key, _, _ in listed] == names
     assert snapshot.fingerprint == hashlib.sha256(json.dumps({"files": listed}).encode()).hexdigest()
-    assert snapshot.record()["files"] == [[key, part.size, part.content, part.modified or None] for key, part in KEYED]
-    assert snapshot.record()["size"] == 120 + 2**62
+    assert snapshot.record()["size"] == sum(range(len(names)))

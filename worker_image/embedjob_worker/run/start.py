@@ -20,6 +20,7 @@ from embedjob_worker.encode.tokens import chunker_for, load_tokenizer, model_tok
 from embedjob_worker.plan.batching import TokenBudget, batch_key
 from embedjob_worker.plan.chunking import Chunker
 from embedjob_worker.sink.incremental import latest_run_succeeded
+from embedjob_worker.sink.listings import StoredListing
 from embedjob_worker.sink.runs import JobRuns, RunRequest, RunStart
 from embedjob_worker.source.dataset import DatasetSnapshot, dataset_snapshot, is_dataset
 from embedjob_worker.source.files import resolve_uri
@@ -61,7 +62,7 @@ def start_run(config: JobConfig, runs: JobRuns, new_run: bool) -> StartedRun:
     token plan, is recorded as a refused start."""
     spec = config.spec
     try:
-        resolved, uri, snapshot = _resolve_inputs(config)
+        resolved, uri, snapshot = _resolve_inputs(config, runs)
         budget, chunker = _token_plan(config, resolved)
     except JobFailed as failure:
         runs.refuse_start(spec.model.name, failure)
@@ -82,9 +83,10 @@ def start_run(config: JobConfig, runs: JobRuns, new_run: bool) -> StartedRun:
                       window)
 
 
-def _resolve_inputs(config: JobConfig) -> tuple[ResolvedModel, str, InputSnapshot | DatasetSnapshot]:
-    """Model revision, the input's location and its snapshot (fingerprint): a dataset's lists its files. A model
-    cut to fewer dimensions whose card does not say it was trained for that is warned about, not refused."""
+def _resolve_inputs(config: JobConfig, runs: JobRuns) -> tuple[ResolvedModel, str, InputSnapshot | DatasetSnapshot]:
+    """Model revision, the input's location and its snapshot (fingerprint): a dataset's lists its files into the
+    database (sink.listings). A model cut to fewer dimensions whose card does not say it was trained for that is
+    warned about, not refused."""
     spec = config.spec
     table = spec.source.table
     uri = table_uri(table) if table else resolve_uri(spec.source.uri, config.base_dir)
@@ -103,7 +105,10 @@ def _resolve_inputs(config: JobConfig) -> tuple[ResolvedModel, str, InputSnapsho
     try:
         if table:
             return resolved, uri, table_snapshot(table, spec.source.template)
-        return resolved, uri, dataset_snapshot(uri, spec.source.format) if is_dataset(uri) else input_snapshot(uri)
+        if is_dataset(uri):
+            listing = StoredListing(runs.engine, runs.target.job_key, runs.namespace)
+            return resolved, uri, dataset_snapshot(uri, spec.source.format, listing)
+        return resolved, uri, input_snapshot(uri)
     except Exception as exc:  # noqa: BLE001 - a store's SDK raises its own errors too, not only OSError
         if not isinstance(exc, (OSError, ValueError)) and not in_a_store(uri):
             raise

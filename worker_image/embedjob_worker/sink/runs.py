@@ -22,9 +22,9 @@ from embedjob_worker.core.logs import mask_secrets
 from embedjob_worker.core.outcome import ADDED_COUNTERS, KEPT_ON_RESUME, CounterUpdate, DoneBatch
 from embedjob_worker.core.shards import ShardRead
 from embedjob_worker.core.tally import DriverCounts
+from embedjob_worker.sink.listings import forget_listings, listing_changes
 from embedjob_worker.sink.revisions import make_ready, mark_embedding
 from embedjob_worker.sink.target import SinkTarget, VectorsTable
-from embedjob_worker.source.dataset import dataset_changes
 from embedjob_worker.source.snapshot import describe_input
 
 # Runs that ended before embedding anything; a later start compares against the run before them.
@@ -137,14 +137,18 @@ class JobRuns:
                     # commits after this finds another session in the row and rolls back.
                     resumed = conn.execute(runs.update().where(runs.c.run_id == latest.run_id).values(
                         state="running", reason=None, error=None, finished_at=None, heartbeat_at=sa.func.now(),
-                        driver_session=session, **_SESSION_START_COUNTERS,
+                        driver_session=session, input=request.input_record, **_SESSION_START_COUNTERS,
                     ).returning(*(runs.c[name] for name in KEPT_ON_RESUME))).one()
                     state = self._mark_embedding(conn, request, latest.run_id)
+                    forget_listings(conn, self.target.job_key, _listing_of(request.input_record))
                     itself = PreviousRun(latest.state, latest.batches_failed, latest.input_fingerprint,
                                          latest.config_fingerprint, latest.change_window)
                     return RunStart(RunSession(latest.run_id, session, request.model, request.revision), True,
                                     **resumed._asdict(), previous=itself, revision_state=state)
-                refused = _refusal(latest, request, how_to_start_anew)
+                refused = _refusal(conn, latest, request, how_to_start_anew)
+            # A refused start's listing goes: the next start is compared with the latest started run's.
+            forget_listings(conn, self.target.job_key,
+                            _listing_of(latest.input if refused else request.input_record))
             previous = self._latest_writer(conn, request)  # of any job: the same vectors, until this run's start
             run_id = self._insert_run(conn, request, session, refused and "InputChanged", refused)
             if not refused:
@@ -244,12 +248,18 @@ def shards_read(engine: sa.Engine, run_id: str) -> dict[int, ShardRead]:
                                       tuple(row.batch_ids)) for row in rows}
 
 
-def _refusal(latest: sa.Row, request: RunRequest, how_to_start_anew: str) -> str:
+def _listing_of(input_record: dict | None) -> str | None:
+    """The stored listing (sink.listings) a run's input record names; None for a single file or a table."""
+    return (input_record or {}).get("listing")
+
+
+def _refusal(conn: sa.Connection, latest: sa.Row, request: RunRequest, how_to_start_anew: str) -> str:
     """Why a re-run may not resume run `latest`: the input's content changed, or the named config fields did."""
     changes = []
     if latest.input_fingerprint != request.input_fingerprint:
-        files = (f" (files {dataset_changes(latest.input, request.input_record)})"
-                 if "files" in (latest.input or {}) and "files" in (request.input_record or {}) else "")
+        old, new = _listing_of(latest.input), _listing_of(request.input_record)
+        named = listing_changes(conn, old, new) if old and new else ""
+        files = f" (files {named})" if named else ""
         changes.append(f"the input changed from {describe_input(latest.input)} to "
                        f"{describe_input(request.input_record)}{files}")
     if latest.config_fingerprint != request.config_fingerprint:

@@ -9,20 +9,21 @@ read one after the other in lexical order of their keys (UTF-8 code point order,
 order), with record positions running on across files, so the same files give the same
 batches and ids wherever they are listed from.
 
-The listing is the run's: the snapshot keeps each file's identity (snapshot.file_snapshot:
-the store's content stamp from the listing itself, one request per thousand objects on S3,
-or a local file's sha256), the fingerprint covers the files' keys under the dataset's root,
-sizes and content, and a file is checked against its snapshot when its turn to be read comes
-(`opened_as_listed`), so a file replaced after the listing is not read as if it were the one
-fingerprinted. (One replaced while it is being read: s3fs's ranged reads carry the ETag the
-file was opened with, If-Match, so S3 refuses them.)
+The listing is the run's (dataset_listing lists it, a page at a time): the snapshot keeps each
+file's identity (snapshot.file_snapshot: the store's content stamp from the listing itself,
+one request per thousand objects on S3, or a local file's sha256) in a ListingKeeper as it
+comes (a driver's in PostgreSQL, sink.listings), the fingerprint covers the files' keys under
+the dataset's root, sizes and content (hashed as they come), and a file is checked against its
+snapshot when its turn to be read comes (`opened_as_listed`), so a file replaced after the
+listing is not read as if it were the one fingerprinted. (One replaced while it is being read:
+s3fs's ranged reads carry the ETag the file was opened with, If-Match, so S3 refuses them.)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
@@ -30,21 +31,16 @@ from typing import IO, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractBufferedFile
-from fsspec.utils import compressions
 
 from embedjob_worker.core.errors import JobFailed
-from embedjob_worker.source.listed_files import ListedFiles
+from embedjob_worker.source.dataset_listing import GLOB_CHARACTERS, dataset_files, file_uri
+from embedjob_worker.source.listed_files import ListedFiles, ListingKeeper
 from embedjob_worker.source.s3_objects import fetched_object
 from embedjob_worker.source.snapshot import InputSnapshot, file_snapshot
 from embedjob_worker.source.unavailable import in_a_store
 
-GLOB_CHARACTERS = "*?["
-# What a file of each format is called under a prefix (a glob takes whatever it matches).
-FORMAT_EXTENSIONS = {"jsonl": (".jsonl", ".json", ".ndjson"), "csv": (".csv",), "parquet": (".parquet", ".pq")}
 # A store's file up to this size is fetched whole while the file before it is parsed (files.read_dataset).
 WHOLE_FILE_BYTES = 64 << 20
-# How many files a refusal names of each kind (changed, gone, new) before it counts the rest.
-NAMED_FILES = 5
 
 
 def is_pattern(uri: str) -> bool:
@@ -70,23 +66,34 @@ class DatasetSnapshot:
     """The files of a dataset as the run listed them, in the order they are read."""
 
     uri: str  # the prefix or glob, as the spec has it (resolved against the manifest's folder)
-    files: ListedFiles  # each with its key under the dataset's root (what the fingerprint names)
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return tuple(self.files.keys)
-
-    @property
-    def fingerprint(self) -> str:
-        """The same files (keys under the root, sizes, content) give the same fingerprint wherever they lie."""
-        listed = [[key, part.size, part.content] for key, part in self.files.keyed()]
-        return hashlib.sha256(json.dumps({"files": listed}).encode()).hexdigest()
+    files: Sequence[InputSnapshot]  # as the ListingKeeper gives them back
+    # The same files (keys under the root, sizes, content) give the same fingerprint wherever they lie.
+    fingerprint: str
+    size: int  # of every file the store gave a size for
+    listing_id: str | None  # where the keeper keeps the listing (sink.listings), None: in this process alone
 
     def record(self) -> dict[str, Any]:
-        """What the run row keeps (embedjob_runs.input): the dataset and each file, for refusals that name files."""
-        return {"uri": self.uri, "size": sum(part.size or 0 for part in self.files), "modified": None,
-                "content": f"files:{len(self.files)}",
-                "files": [[key, part.size, part.content, part.modified] for key, part in self.files.keyed()]}
+        """What the run row keeps (embedjob_runs.input): the dataset, and the listing its refusals name files from."""
+        return {"uri": self.uri, "size": self.size, "modified": None, "content": f"files:{len(self.files)}",
+                "listing": self.listing_id}
+
+
+class _ListingFingerprint:
+    """sha256 of `{"files": [[key, size, content], ...]}` as json.dumps writes it, hashed a file at a time: the
+    fingerprint of the runs that kept the whole listing in memory, so that they resume."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256(b'{"files": [')
+        self._files = 0
+
+    def add(self, key: str, part: InputSnapshot) -> None:
+        self._digest.update((b", " if self._files else b"") + json.dumps([key, part.size, part.content]).encode())
+        self._files += 1
+
+    def hexdigest(self) -> str:
+        digest = self._digest.copy()
+        digest.update(b"]}")
+        return digest.hexdigest()
 
 
 def dataset_root(path: str, is_prefix: bool) -> str:
@@ -102,52 +109,22 @@ def _on_the_web(uri: str) -> bool:
     return uri.lower().startswith(("http://", "https://"))
 
 
-def _has_format_extension(path: str, fmt: str) -> bool:
-    stem = path.lower()
-    for extension in compressions:
-        stem = stem.removesuffix(f".{extension}")
-    return stem.endswith(FORMAT_EXTENSIONS[fmt])
-
-
-def dataset_files(uri: str, fmt: str) -> tuple[fsspec.AbstractFileSystem, list[str], list[dict[str, Any]]]:
-    """The dataset's filesystem, its files' paths in lexical order and their listed `info`; FileNotFoundError
-    naming the pattern when nothing matches."""
-    fs, path = fsspec.core.url_to_fs(uri)
-    if set(_protocols(fs)) & {"http", "https"}:
-        # fsspec would scrape an index page's links, with no size or content stamp to know a file by
-        raise ValueError("a web server has no listing to read a prefix or glob from: name one file, or keep the "
-                         "files in a store (s3://, gs://, az://) or a folder")
-    if uri.endswith("/"):
-        listed = {name: info for name, info in fs.find(path, detail=True).items() if _has_format_extension(name, fmt)}
-    else:
-        listed = fs.glob(path, detail=True)
-    files = sorted(((name, info) for name, info in listed.items() if info.get("type") == "file"), key=lambda f: f[0])
-    if not files:
-        raise FileNotFoundError(f"no file under the prefix whose name ends in {', '.join(FORMAT_EXTENSIONS[fmt])}"
-                                " (compressed or not)" if uri.endswith("/") else "no file matches the pattern")
-    return fs, [name for name, _ in files], [info for _, info in files]
-
-
-def _file_uri(fs: fsspec.AbstractFileSystem, dataset_uri: str, name: str) -> str:
-    """A listed file's URI in the dataset URI's own scheme (adlfs would name an az:// blob abfs://)."""
-    if isinstance(fs, LocalFileSystem) or "://" in name:
-        return name
-    return f"{dataset_uri.split('://', 1)[0]}://{name}"
-
-
-def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
-    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-
-
-def dataset_snapshot(uri: str, fmt: str) -> DatasetSnapshot:
-    """List the dataset at `uri` (a prefix or glob) and snapshot its files."""
-    fs, names, infos = dataset_files(uri, fmt)
+def dataset_snapshot(uri: str, fmt: str, keeper: ListingKeeper | None = None) -> DatasetSnapshot:
+    """List the dataset at `uri` (a prefix or glob) and snapshot its files into `keeper` (default: in memory), a
+    page at a time."""
+    keeper = ListedFiles() if keeper is None else keeper
+    fs, pages = dataset_files(uri, fmt)
     root = dataset_root(fsspec.core.url_to_fs(uri)[1], uri.endswith("/"))
-    snapshot = DatasetSnapshot(uri=uri, files=ListedFiles(
-        (name[len(root):].lstrip("/"), file_snapshot(fs, name, info, _file_uri(fs, uri, name)))
-        for name, info in zip(names, infos)))
+    fingerprint, size = _ListingFingerprint(), 0
+    for page in pages:
+        keyed = [(name[len(root):].lstrip("/"), file_snapshot(fs, name, info, file_uri(fs, uri, name)))
+                 for name, info in page]
+        for key, part in keyed:
+            fingerprint.add(key, part)
+            size += part.size or 0
+        keeper.keep(keyed)
     _forget_listing(fs, root)
-    return snapshot
+    return DatasetSnapshot(uri, keeper.kept(), fingerprint.hexdigest(), size, keeper.listing_id)
 
 
 def _forget_listing(fs: fsspec.AbstractFileSystem, root: str) -> None:
@@ -201,17 +178,3 @@ def _refuse_if_changed(part: InputSnapshot, now: InputSnapshot) -> None:
 def _refuse(part: InputSnapshot, change: str) -> None:
     raise JobFailed("InputChanged", f"spec.source: {part.uri} changed after the run listed the dataset's files "
                                     f"({change}); a run reads the files its start listed, as they were then")
-
-
-def dataset_changes(old: dict[str, Any], new: dict[str, Any]) -> str:
-    """The files that changed, went or came between two recorded datasets (DatasetSnapshot.record), named."""
-    before = {key: (size, content) for key, size, content, _ in old.get("files", [])}
-    after = {key: (size, content) for key, size, content, _ in new.get("files", [])}
-    kinds = (("changed", sorted(k for k in before.keys() & after.keys() if before[k] != after[k])),
-             ("gone", sorted(before.keys() - after.keys())), ("new", sorted(after.keys() - before.keys())))
-    said = []
-    for kind, keys in kinds:
-        if keys:
-            more = f" and {len(keys) - NAMED_FILES} more" if len(keys) > NAMED_FILES else ""
-            said.append(f"{kind}: {', '.join(keys[:NAMED_FILES])}{more}")
-    return "; ".join(said)

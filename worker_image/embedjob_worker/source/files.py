@@ -32,7 +32,8 @@ from embedjob_worker.core.records import MAX_RECORD_BYTES, BadReason, RawRecord
 from embedjob_worker.source.csv_records import SkippedCsvRecord, csv_records
 from embedjob_worker.source.record_fields import RecordFields, TextOf, columns_for
 from embedjob_worker.source.record_metadata import MetadataFields
-from embedjob_worker.source.dataset import dataset_files, is_dataset
+from embedjob_worker.source.dataset import is_dataset
+from embedjob_worker.source.dataset_listing import dataset_files
 from embedjob_worker.source.unavailable import in_a_store
 
 _PARQUET_BATCH_ROWS = 4096
@@ -131,7 +132,7 @@ def count_records(uri: str, fmt: str) -> int | None:
     if is_dataset(uri):
         if in_a_store(uri):
             return None
-        return sum(count_records(name, fmt) or 0 for name in dataset_files(uri, fmt)[1])
+        return sum(count_records(name, fmt) or 0 for page in dataset_files(uri, fmt)[1] for name, _ in page)
     if fmt == "parquet":
         import pyarrow.parquet as pq
 

@@ -1,11 +1,11 @@
-"""A dataset's listed files kept as columns: each file's URI, key, size and stamps, its snapshot made when asked for.
+"""Where a dataset's listing goes as it is listed (ListingKeeper), and the keeper that holds it in memory, as columns.
 
-A run holds its dataset's listing for its whole life: each file is checked against it when
-its turn to be read comes, and a resumed run's refusal names the files that changed. Kept as
-one InputSnapshot per file (a Python object with four strings of its own) beside the key, a
-listing cost about 1.6 KiB a file with the store's cached listing; kept here as UTF-8 bytes
-joined per column with an array of offsets, a file costs its strings' bytes and a few
-integers (bench/dataset_listing.py measures both).
+A run's driver keeps its listing in PostgreSQL (sink.listings), a page at a time, so that a
+listing of millions of files is never in its memory; each file is read back when its turn
+comes. ListedFiles keeps one in memory, for a dataset read without a database (the benches,
+the unit tests): each column's strings as one UTF-8 bytes object and an array of offsets, a
+file costing its strings' bytes and a few integers (an InputSnapshot object per file cost
+about 1.6 KiB).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TypeVar, overload
+from typing import Protocol, TypeVar, overload
 
 from embedjob_worker.source.snapshot import InputSnapshot
 
@@ -21,7 +21,20 @@ _NO_SIZE = -1  # a store that gave no size (sizes are never negative)
 Item = TypeVar("Item")
 
 
-class _ByPosition(Sequence[Item]):
+class ListingKeeper(Protocol):
+    """Where a dataset's listing goes as it is listed: pages of (key under the dataset's root, snapshot) in reading
+    order, then the files read back in that order."""
+
+    listing_id: str | None  # what the run row's input record names it by (None: kept in this process alone)
+
+    def keep(self, page: Sequence[tuple[str, InputSnapshot]]) -> None:
+        """The next files of the listing."""
+
+    def kept(self) -> Sequence[InputSnapshot]:
+        """Every file kept, in the order kept."""
+
+
+class ByPosition(Sequence[Item]):
     """A sequence whose items are made when asked for (`_item`); a slice gives a list of them."""
 
     @abstractmethod
@@ -42,16 +55,16 @@ class _ByPosition(Sequence[Item]):
         return self._item(index)
 
 
-class _Strings(_ByPosition[str]):
+class _Strings(ByPosition[str]):
     """Strings kept as one bytes object of their UTF-8 and the offset where each ends."""
 
-    def __init__(self, encoded: list[bytes]):
+    def __init__(self) -> None:
         self._ends = array("Q")
-        end = 0
-        for value in encoded:
-            end += len(value)
-            self._ends.append(end)
-        self._data = b"".join(encoded)
+        self._data = bytearray()
+
+    def append(self, value: str) -> None:
+        self._data += value.encode()
+        self._ends.append(len(self._data))
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -61,23 +74,26 @@ class _Strings(_ByPosition[str]):
         return self._data[start:self._ends[index]].decode()
 
 
-class ListedFiles(_ByPosition[InputSnapshot]):
-    """A dataset's files in reading order, each with its key under the dataset's root."""
+class ListedFiles(ByPosition[InputSnapshot]):
+    """A dataset's files in reading order, each with its key under the dataset's root, kept in this process."""
 
-    def __init__(self, keyed: Iterable[tuple[str, InputSnapshot]]):
-        keys: list[bytes] = []
-        uris: list[bytes] = []
-        contents: list[bytes] = []
-        modified: list[bytes] = []
+    listing_id = None
+
+    def __init__(self, keyed: Iterable[tuple[str, InputSnapshot]] = ()):
+        self.keys, self._uris, self._contents, self._modified = _Strings(), _Strings(), _Strings(), _Strings()
         self._sizes = array("q")
-        for key, part in keyed:  # one pass: a listing's snapshots are made one at a time, never held together
-            keys.append(key.encode())
-            uris.append(part.uri.encode())
-            contents.append(part.content.encode())
-            modified.append((part.modified or "").encode())  # "" for a store that did not say
+        self.keep(list(keyed))
+
+    def keep(self, page: Sequence[tuple[str, InputSnapshot]]) -> None:
+        for key, part in page:
+            self.keys.append(key)
+            self._uris.append(part.uri)
+            self._contents.append(part.content)
+            self._modified.append(part.modified or "")  # "" for a store that did not say
             self._sizes.append(_NO_SIZE if part.size is None else part.size)
-        self.keys, self._uris = _Strings(keys), _Strings(uris)
-        self._contents, self._modified = _Strings(contents), _Strings(modified)
+
+    def kept(self) -> ListedFiles:
+        return self
 
     def __len__(self) -> int:
         return len(self._sizes)

@@ -1,0 +1,114 @@
+"""A dataset's files as its store lists them: in lexical order of key, a page at a time where the store pages (S3).
+
+A prefix lists every file under it whose name ends in one of the format's extensions
+(compressed or not); a glob every file its pattern matches, as fsspec's `glob` matches it
+(`glob_translate`). S3 answers 1,000 keys a request in UTF-8 order of key, which is Python's
+order of the names: those pages are handed on as they come (s3fs's `_iterdir`), so a listing
+of millions of objects is never in memory at once; a glob lists everything under the stem
+before its first glob character and keeps what matches. The other filesystems list at once
+(gcsfs and adlfs gather every page before they return; a folder's walk is fast), sorted, then
+handed on a page at a time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import fsspec
+from fsspec.asyn import sync
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.utils import compressions, glob_translate
+
+GLOB_CHARACTERS = "*?["
+# What a file of each format is called under a prefix (a glob takes whatever it matches).
+FORMAT_EXTENSIONS = {"jsonl": (".jsonl", ".json", ".ndjson"), "csv": (".csv",), "parquet": (".parquet", ".pq")}
+LISTING_PAGE = 1000  # files handed on at a time (S3's page)
+
+Listed = tuple[str, dict[str, Any]]  # a file's path in its filesystem, and its details as the listing gave them
+
+
+def dataset_files(uri: str, fmt: str) -> tuple[fsspec.AbstractFileSystem, Iterator[list[Listed]]]:
+    """The dataset's filesystem and its files in lexical order of path, a page at a time. ValueError for a web
+    server's address (refused before any request); the pages end in FileNotFoundError naming the pattern when
+    nothing matches."""
+    fs, path = fsspec.core.url_to_fs(uri)
+    if set(_protocols(fs)) & {"http", "https"}:
+        # fsspec would scrape an index page's links, with no size or content stamp to know a file by
+        raise ValueError("a web server has no listing to read a prefix or glob from: name one file, or keep the "
+                         "files in a store (s3://, gs://, az://) or a folder")
+    is_prefix = uri.endswith("/")
+    if is_prefix:
+        def wanted(name: str) -> bool:
+            return _has_format_extension(name, fmt)
+    else:
+        wanted = re.compile(glob_translate(path)).match
+    return fs, _matching_pages(_listing(fs, path, is_prefix), wanted, is_prefix, fmt)
+
+
+def _matching_pages(listing: Iterator[list[Listed]], wanted, is_prefix: bool, fmt: str) -> Iterator[list[Listed]]:
+    found, previous = False, None
+    for page in listing:
+        files = [(name, info) for name, info in page if info.get("type") == "file" and wanted(name)]
+        for name, _ in files:
+            if previous is not None and name <= previous:  # batch ids follow the order: a store must keep it
+                raise ValueError(f"the store listed {name} after {previous}: not in lexical order of key")
+            previous = name
+        if files:
+            found = True
+            yield files
+    if not found:
+        raise FileNotFoundError(f"no file under the prefix whose name ends in {', '.join(FORMAT_EXTENSIONS[fmt])}"
+                                " (compressed or not)" if is_prefix else "no file matches the pattern")
+
+
+def _listing(fs: fsspec.AbstractFileSystem, path: str, is_prefix: bool) -> Iterator[list[Listed]]:
+    """Everything under the prefix (or the glob's stem), a page at a time: the store's pages on S3, else the
+    filesystem's whole listing, sorted, cut into pages."""
+    stem = path if is_prefix else path[:min(path.index(c) for c in GLOB_CHARACTERS if c in path)]
+    bucket, slash, key = stem.partition("/")
+    if "s3" in _protocols(fs) and (slash or is_prefix) and not getattr(fs, "version_aware", False):
+        yield from _s3_pages(fs, bucket, (f"{key}/" if key else "") if is_prefix else key)
+        return
+    listed = fs.find(path, detail=True) if is_prefix else fs.glob(path, detail=True)
+    names = sorted(listed)
+    for start in range(0, len(names), LISTING_PAGE):
+        yield [(name, listed[name]) for name in names[start:start + LISTING_PAGE]]
+
+
+def _s3_pages(fs: fsspec.AbstractFileSystem, bucket: str, prefix: str) -> Iterator[list[Listed]]:
+    """Every object of `bucket` whose key starts with `prefix` ("": all), as S3 lists them, a page at a time."""
+    objects = fs._iterdir(bucket, delimiter="", prefix=prefix)
+    try:
+        while page := sync(fs.loop, _next_page, objects):
+            yield [(info["name"], info) for info in page]
+    finally:
+        sync(fs.loop, objects.aclose)
+
+
+async def _next_page(objects: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
+    page: list[dict[str, Any]] = []
+    async for info in objects:  # leaving the loop leaves the generator where it was, for the next page
+        page.append(info)
+        if len(page) == LISTING_PAGE:
+            break
+    return page
+
+
+def _has_format_extension(path: str, fmt: str) -> bool:
+    stem = path.lower()
+    for extension in compressions:
+        stem = stem.removesuffix(f".{extension}")
+    return stem.endswith(FORMAT_EXTENSIONS[fmt])
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+
+
+def file_uri(fs: fsspec.AbstractFileSystem, dataset_uri: str, name: str) -> str:
+    """A listed file's URI in the dataset URI's own scheme (adlfs would name an az:// blob abfs://)."""
+    if isinstance(fs, LocalFileSystem) or "://" in name:
+        return name
+    return f"{dataset_uri.split('://', 1)[0]}://{name}"
