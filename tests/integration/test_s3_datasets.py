@@ -8,7 +8,7 @@ import pytest
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.run.job import run_job
-from embedjob_worker.source import dataset, dataset_listing, s3_objects
+from embedjob_worker.source import dataset, s3_objects
 from embedjob_worker.source.dataset import dataset_snapshot
 from embedjob_worker.source.dataset_reader import read_dataset
 from support.driver_crash import assert_resumed_exactly, kill_driver_after
@@ -69,30 +69,6 @@ def test_a_prefix_is_embedded_once_per_record_in_key_order_and_changed_parts_are
     assert f"the input changed from {uri} (20 files, " in refused.error
     assert ("(files changed: part-00004.jsonl; gone: part-00007.jsonl; new: part-00020.jsonl)"
             in refused.error), refused.error
-
-
-@pytest.mark.parametrize("pattern", ["deep/", "deep/*.jsonl", "deep/**/part-?.jsonl", "deep/[ab]*/*", "deep/a*",
-                                     "deep/**"])
-def test_a_listing_is_handed_on_a_page_of_s3_at_a_time_and_matches_what_fsspec_globs(s3_env, monkeypatch, pattern):
-    server, bucket = s3_env
-    client = server.client()
-    keys = ["deep/a/part-1.jsonl", "deep/a-b.jsonl", "deep/b/c/part-2.jsonl", "deep/é.jsonl", "deep/a/part-10.jsonl",
-            "deep/Z.jsonl", "deep/a/notes.txt", "other/a/part-1.jsonl"]
-    for key in keys:
-        client.put_object(Bucket=bucket, Key=key, Body=b"{}\n")
-    monkeypatch.setattr(dataset_listing, "LISTING_PAGE", 2)
-    fs, pages = dataset_listing.dataset_files(f"s3://{bucket}/{pattern}", "jsonl")
-    pages = list(pages)
-    listed = [name for page in pages for name, _ in page]
-    assert fs.dircache == {}  # paged: nothing of the listing is kept by the filesystem
-    if pattern.endswith("/"):
-        expected = sorted(f"{bucket}/{key}" for key in keys if key.startswith(pattern) and key.endswith(".jsonl"))
-    else:
-        fs.invalidate_cache()
-        expected = sorted(name for name, info in fs.glob(f"{bucket}/{pattern}", detail=True).items()
-                          if info["type"] == "file")
-    assert listed == expected and expected  # in code point order of key, as S3 lists
-    assert all(len(page) <= 2 for page in pages)
 
 
 def test_a_part_replaced_after_the_listing_stops_the_read_naming_it(s3_env):

@@ -1,6 +1,6 @@
 """A job's input in Google Cloud Storage, Azure Blob Storage or on a web server (issue 28): an object read where it
 lives, from real servers on loopback (fake-gcs-server, Azurite, Python's http.server), through the variables a user
-sets. S3's own tests are test_s3_source.py."""
+sets. S3's own tests are test_s3_source.py (and the listing's, here, with the others)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from embedjob_worker.core.errors import JobFailed
+from embedjob_worker.source import dataset_listing
 from embedjob_worker.source.dataset import dataset_snapshot, is_dataset
 from embedjob_worker.source.dataset_reader import read_dataset
 from embedjob_worker.source.files import read_records
@@ -173,3 +174,37 @@ def test_a_prefix_and_a_glob_in_a_store_read_their_parts_in_key_order_and_a_repl
     store.put(keys[2], encoded(corpus_records(3), "jsonl"))
     with pytest.raises(JobFailed, match=rf"spec.source: {store.uri(keys[2])} changed after the run listed"):
         list(read_dataset(snapshot.files, "jsonl", "id", "text"))
+
+
+@pytest.fixture(params=["s3", "gs", "az"])
+def any_store(request) -> tuple[str, str, Callable[[str, bytes], None]]:
+    """Each store's scheme, bucket (container) and a way to put an object in it."""
+    if request.param == "s3":
+        server, bucket = request.getfixturevalue("s3_env")
+        client = server.client()
+        return "s3", bucket, lambda key, data: client.put_object(Bucket=bucket, Key=key, Body=data)
+    server, bucket = request.getfixturevalue("gcs_env" if request.param == "gs" else "azure_env")
+    return request.param, bucket, lambda key, data: server.put(bucket, key, data)
+
+
+@pytest.mark.parametrize("pattern", ["deep/", "deep/*.jsonl", "deep/**/part-?.jsonl", "deep/[ab]*/*", "deep/a*",
+                                     "deep/**"])
+def test_a_listing_is_handed_on_a_page_of_the_store_at_a_time_as_fsspec_would_glob_it(any_store, monkeypatch,
+                                                                                     pattern):
+    scheme, bucket, put = any_store
+    keys = ["deep/a/part-1.jsonl", "deep/a-b.jsonl", "deep/b/c/part-2.jsonl", "deep/é.jsonl", "deep/a/part-10.jsonl",
+            "deep/Z.jsonl", "deep/a/notes.txt", "other/a/part-1.jsonl"]
+    for key in keys:
+        put(key, b"{}\n")
+    monkeypatch.setattr(dataset_listing, "LISTING_PAGE", 2)
+    fs, pages = dataset_listing.dataset_files(f"{scheme}://{bucket}/{pattern}", "jsonl")
+    pages = list(pages)
+    listed = [name for page in pages for name, _ in page]
+    assert fs.dircache == {} and all(len(page) <= 2 for page in pages)  # the store's pages, nothing cached
+    if pattern.endswith("/"):
+        expected = sorted(f"{bucket}/{key}" for key in keys if key.startswith(pattern) and key.endswith(".jsonl"))
+    else:
+        expected = sorted(name for name, info in fs.glob(f"{bucket}/{pattern}", detail=True).items()
+                          if info["type"] == "file")
+        fs.invalidate_cache()
+    assert listed == expected and expected  # in code point order of key, as the stores list

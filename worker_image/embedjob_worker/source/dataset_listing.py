@@ -1,13 +1,14 @@
-"""A dataset's files as its store lists them: in lexical order of key, a page at a time where the store pages (S3).
+"""A dataset's files as its store lists them: in lexical order of key, a page at a time as the store answers.
 
 A prefix lists every file under it whose name ends in one of the format's extensions
 (compressed or not); a glob every file its pattern matches, as fsspec's `glob` matches it
-(`glob_translate`). S3 answers 1,000 keys a request in UTF-8 order of key, which is Python's
-order of the names: those pages are handed on as they come (s3fs's `_iterdir`), so a listing
-of millions of objects is never in memory at once; a glob lists everything under the stem
-before its first glob character and keeps what matches. The other filesystems list at once
-(gcsfs and adlfs gather every page before they return; a folder's walk is fast), sorted, then
-handed on a page at a time.
+(`glob_translate`). S3, Google Cloud Storage and Azure Blob answer up to 1,000 (Azure 5,000)
+keys a request, in UTF-8 order of key, which is Python's order of the names: their pages are
+handed on as they come (each store's paginated listing, beneath what its filesystem's `find`
+gathers before it returns), so a listing of millions of objects is never in memory at once;
+a glob lists everything under the stem before its first glob character and keeps what
+matches. A folder (or another filesystem) is listed at once, sorted, then handed on a page
+at a time.
 """
 
 from __future__ import annotations
@@ -68,8 +69,14 @@ def _listing(fs: fsspec.AbstractFileSystem, path: str, is_prefix: bool) -> Itera
     filesystem's whole listing, sorted, cut into pages."""
     stem = path if is_prefix else path[:min(path.index(c) for c in GLOB_CHARACTERS if c in path)]
     bucket, slash, key = stem.partition("/")
-    if "s3" in _protocols(fs) and (slash or is_prefix) and not getattr(fs, "version_aware", False):
-        yield from _s3_pages(fs, bucket, (f"{key}/" if key else "") if is_prefix else key)
+    key = key.rstrip("/") if is_prefix else key  # gcsfs and adlfs keep a prefix's slash, s3fs drops it
+    objects = _store_objects(fs, bucket, (f"{key}/" if key else "") if is_prefix else key)
+    if objects is not None and (slash or is_prefix):
+        try:
+            while page := sync(fs.loop, _next_page, objects):
+                yield [(info["name"], info) for info in page]
+        finally:
+            sync(fs.loop, objects.aclose)
         return
     listed = fs.find(path, detail=True) if is_prefix else fs.glob(path, detail=True)
     names = sorted(listed)
@@ -77,14 +84,43 @@ def _listing(fs: fsspec.AbstractFileSystem, path: str, is_prefix: bool) -> Itera
         yield [(name, listed[name]) for name in names[start:start + LISTING_PAGE]]
 
 
-def _s3_pages(fs: fsspec.AbstractFileSystem, bucket: str, prefix: str) -> Iterator[list[Listed]]:
-    """Every object of `bucket` whose key starts with `prefix` ("": all), as S3 lists them, a page at a time."""
-    objects = fs._iterdir(bucket, delimiter="", prefix=prefix)
-    try:
-        while page := sync(fs.loop, _next_page, objects):
-            yield [(info["name"], info) for info in page]
-    finally:
-        sync(fs.loop, objects.aclose)
+def _store_objects(fs: fsspec.AbstractFileSystem, bucket: str, prefix: str) -> AsyncIterator[dict[str, Any]] | None:
+    """Every object of `bucket` whose key starts with `prefix` ("": all), as the store lists them, each with the
+    details its filesystem's `find` gives; None for a filesystem listed at once (a folder, a versioned bucket)."""
+    protocols = set(_protocols(fs))
+    if getattr(fs, "version_aware", False):
+        return None
+    if "s3" in protocols:
+        return fs._iterdir(bucket, delimiter="", prefix=prefix)
+    if "gs" in protocols:
+        return _gcs_objects(fs, bucket, prefix)
+    if "az" in protocols:
+        return _azure_objects(fs, bucket, prefix)
+    return None
+
+
+async def _gcs_objects(fs: fsspec.AbstractFileSystem, bucket: str, prefix: str) -> AsyncIterator[dict[str, Any]]:
+    token = None
+    while True:
+        page = await fs._call_list_objects(bucket, prefix=prefix, maxResults=LISTING_PAGE, pageToken=token)
+        for item in page.get("items", []):
+            yield fs._process_object(bucket, item)
+        token = page.get("nextPageToken")
+        if token is None:
+            return
+
+
+async def _azure_objects(fs: fsspec.AbstractFileSystem, container: str, prefix: str) -> AsyncIterator[dict[str, Any]]:
+    async with fs.service_client.get_container_client(container=container) as client:
+        blobs = []
+        async for blob in client.list_blobs(include=["metadata"], name_starts_with=prefix):
+            blobs.append(blob)
+            if len(blobs) == LISTING_PAGE:
+                for info in await fs._details(blobs):
+                    yield info
+                blobs = []
+        for info in await fs._details(blobs):
+            yield info
 
 
 async def _next_page(objects: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
