@@ -25,7 +25,7 @@ def job(database_url):
     opened = open_job(database_url, TARGET, "listings", "default")
     yield opened
     with opened.engine.begin() as conn:
-        forget_listings(conn, TARGET.job_key, None)
+        forget_listings(conn, TARGET.job_key, set())
     opened.close()
 
 
@@ -64,7 +64,7 @@ def test_the_changes_between_two_listings_are_named_and_a_forgotten_one_names_no
         assert listing_changes(conn, before.listing_id, after.listing_id) == (
             "changed: b.jsonl; gone: c.jsonl; new: new-0.jsonl, new-1.jsonl, new-2.jsonl, new-3.jsonl, new-4.jsonl "
             "and 2 more")
-        forget_listings(conn, TARGET.job_key, after.listing_id)
+        forget_listings(conn, TARGET.job_key, {after.listing_id})
         assert listing_changes(conn, before.listing_id, after.listing_id) == ""
         assert conn.execute(sa.select(sa.func.count()).select_from(db.listed_files)
                             .where(db.listed_files.c.job_key == TARGET.job_key)).scalar_one() == 9
@@ -89,13 +89,16 @@ def test_each_start_keeps_the_listing_of_the_latest_started_run_alone(job, tmp_p
     again = stored(job, f"{tmp_path}/")  # a resumed session reads the files it listed itself
     resumed = job.runs.start(_request(again), new_run=False)
     assert resumed.resumed and resumed.run.run_id == started.run.run_id
-    assert _kept_listings(job) == {again.listing_id}
+    assert _kept_listings(job) == {first.listing_id, again.listing_id}  # the run row names the first
+    latest = stored(job, f"{tmp_path}/")
+    assert job.runs.start(_request(latest), new_run=False).resumed
+    assert _kept_listings(job) == {first.listing_id, latest.listing_id}
 
     write_parts(tmp_path, ["b.jsonl"], text="other bytes")
     changed = stored(job, f"{tmp_path}/")
     with pytest.raises(JobFailed, match=r"\(files changed: b\.jsonl\) since run"):
         job.runs.start(_request(changed), new_run=False)
-    assert _kept_listings(job) == {again.listing_id}  # a refused start is compared with no one: its listing goes
+    assert _kept_listings(job) == {first.listing_id}  # the next start is compared with the run's: the rest go
 
     anew = stored(job, f"{tmp_path}/")
     assert not job.runs.start(_request(anew), new_run=True).resumed

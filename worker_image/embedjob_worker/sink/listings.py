@@ -4,7 +4,8 @@ A run's driver lists its dataset into the table as the store answers (source.dat
 so its memory holds one page of the listing, never all of it, whatever the number of files; the
 reader asks for the files a window at a time as their turns come, and a refused re-run names the
 files that changed, went or came by comparing two listings in the database. Each start of the
-job keeps only the listing its latest started run names (`forget_listings`).
+job keeps only the listing its latest started run names, and a resumed session's own
+(`forget_listings`).
 """
 
 from __future__ import annotations
@@ -102,8 +103,9 @@ def listing_changes(conn: sa.Connection, old_listing: str, new_listing: str) -> 
     return "; ".join(said)
 
 
-def forget_listings(conn: sa.Connection, job_key: str, keep: str | None) -> None:
-    """Delete the job's stored listings but `keep` (the one its latest started run names)."""
+def forget_listings(conn: sa.Connection, job_key: str, keep: set[str | None]) -> None:
+    """Delete the job's stored listings but those in `keep` (the one its latest started run names, and the one its
+    session reads; None stands for none)."""
     listed = db.listed_files.c
-    conn.execute(db.listed_files.delete().where(listed.job_key == job_key,
-                                               *([listed.listing_id != keep] if keep else [])))
+    kept = sorted(listing for listing in keep if listing)
+    conn.execute(db.listed_files.delete().where(listed.job_key == job_key, listed.listing_id.not_in(kept)))

@@ -137,18 +137,19 @@ class JobRuns:
                     # commits after this finds another session in the row and rolls back.
                     resumed = conn.execute(runs.update().where(runs.c.run_id == latest.run_id).values(
                         state="running", reason=None, error=None, finished_at=None, heartbeat_at=sa.func.now(),
-                        driver_session=session, input=request.input_record, **_SESSION_START_COUNTERS,
+                        driver_session=session, **_SESSION_START_COUNTERS,
                     ).returning(*(runs.c[name] for name in KEPT_ON_RESUME))).one()
                     state = self._mark_embedding(conn, request, latest.run_id)
-                    forget_listings(conn, self.target.job_key, _listing_of(request.input_record))
+                    # The run row names its first session's listing; this session reads the one it listed.
+                    forget_listings(conn, self.target.job_key,
+                                    {_listing_of(latest.input), _listing_of(request.input_record)})
                     itself = PreviousRun(latest.state, latest.batches_failed, latest.input_fingerprint,
                                          latest.config_fingerprint, latest.change_window)
                     return RunStart(RunSession(latest.run_id, session, request.model, request.revision), True,
                                     **resumed._asdict(), previous=itself, revision_state=state)
                 refused = _refusal(conn, latest, request, how_to_start_anew)
             # A refused start's listing goes: the next start is compared with the latest started run's.
-            forget_listings(conn, self.target.job_key,
-                            _listing_of(latest.input if refused else request.input_record))
+            forget_listings(conn, self.target.job_key, {_listing_of(latest.input if refused else request.input_record)})
             previous = self._latest_writer(conn, request)  # of any job: the same vectors, until this run's start
             run_id = self._insert_run(conn, request, session, refused and "InputChanged", refused)
             if not refused:
