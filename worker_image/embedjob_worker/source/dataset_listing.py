@@ -14,7 +14,7 @@ at a time.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import fsspec
@@ -48,7 +48,8 @@ def dataset_files(uri: str, fmt: str) -> tuple[fsspec.AbstractFileSystem, Iterat
     return fs, _matching_pages(_listing(fs, path, is_prefix), wanted, is_prefix, fmt)
 
 
-def _matching_pages(listing: Iterator[list[Listed]], wanted, is_prefix: bool, fmt: str) -> Iterator[list[Listed]]:
+def _matching_pages(listing: Iterator[list[Listed]], wanted: Callable[[str], object], is_prefix: bool,
+                    fmt: str) -> Iterator[list[Listed]]:
     found, previous = False, None
     for page in listing:
         files = [(name, info) for name, info in page if info.get("type") == "file" and wanted(name)]
@@ -65,13 +66,14 @@ def _matching_pages(listing: Iterator[list[Listed]], wanted, is_prefix: bool, fm
 
 
 def _listing(fs: fsspec.AbstractFileSystem, path: str, is_prefix: bool) -> Iterator[list[Listed]]:
-    """Everything under the prefix (or the glob's stem), a page at a time: the store's pages on S3, else the
-    filesystem's whole listing, sorted, cut into pages."""
+    """Everything under the prefix (or the glob's stem), a page at a time: a store's pages as it answers, else the
+    filesystem's whole listing, sorted, cut into pages (also a glob whose bucket name holds a glob character)."""
     stem = path if is_prefix else path[:min(path.index(c) for c in GLOB_CHARACTERS if c in path)]
     bucket, slash, key = stem.partition("/")
-    key = key.rstrip("/") if is_prefix else key  # gcsfs and adlfs keep a prefix's slash, s3fs drops it
-    objects = _store_objects(fs, bucket, (f"{key}/" if key else "") if is_prefix else key)
-    if objects is not None and (slash or is_prefix):
+    if is_prefix:  # every key under the folder (gcsfs and adlfs keep a prefix's slash, s3fs drops it)
+        key = f"{key.rstrip('/')}/" if key.rstrip("/") else ""
+    objects = _store_objects(fs, bucket, key) if slash or is_prefix else None  # a glob in the bucket's name: glob
+    if objects is not None:
         try:
             while page := sync(fs.loop, _next_page, objects):
                 yield [(info["name"], info) for info in page]
