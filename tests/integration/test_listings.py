@@ -106,3 +106,12 @@ def test_each_start_keeps_the_listing_of_the_latest_started_run_alone(job, tmp_p
     with pytest.raises(JobFailed, match="another driver session of the job started since") as superseded:
         again.files[1]  # the session of `again`, still reading, finds its listing gone
     assert superseded.value.reason == "DriverSuperseded"
+
+
+def test_a_start_refused_after_its_listing_leaves_only_the_latest_runs(job, tmp_path):
+    write_parts(tmp_path, ["a.jsonl"])
+    first = stored(job, f"{tmp_path}/")
+    job.runs.start(_request(first), new_run=False)
+    stored(job, f"{tmp_path}/")  # listed, then the start refused (e.g. a store failing on a later page)
+    job.runs.refuse_start("m", JobFailed("SourceUnavailable", "spec.source: the store went away"))
+    assert _kept_listings(job) == {first.listing_id}

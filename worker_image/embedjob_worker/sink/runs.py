@@ -186,9 +186,12 @@ class JobRuns:
             update_run(conn, run, {"change_window": window.record()})
 
     def refuse_start(self, model: str, failure: JobFailed) -> None:
-        """A run that could not start (no model, no input): a failed run row that says why."""
+        """A run that could not start (no model, no input): a failed run row that says why. A listing the start
+        wrote before it was refused (a store that failed mid-listing, a token plan the model cannot take) goes."""
         with self.engine.begin() as conn:
             self._insert_run(conn, RunRequest(model, "", "", ""), None, failure.reason, str(failure))
+            latest = conn.execute(latest_started_run(self.target.job_key, db.runs.c.input)).first()
+            forget_listings(conn, self.target.job_key, {_listing_of(latest and latest.input)})
 
     def _insert_run(self, conn: sa.Connection, request: RunRequest, session: str | None, reason: str | None,
                     error: str | None) -> str:
