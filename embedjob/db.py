@@ -266,8 +266,11 @@ STATEMENT_TIMEOUT_S = 300
 LOCK_TIMEOUT_S = 60
 
 
-def create_engine(url: str | sa.URL, **kwargs) -> sa.Engine:
-    """An engine (psycopg 3) whose sessions have connect, statement and lock timeouts."""
-    options = f"-c statement_timeout={STATEMENT_TIMEOUT_S * 1000} -c lock_timeout={LOCK_TIMEOUT_S * 1000}"
+def create_engine(url: str | sa.URL, settings: dict[str, int] | None = None, **kwargs) -> sa.Engine:
+    """An engine (psycopg 3) whose sessions have connect, statement and lock timeouts, and `settings` (server
+    parameters any role may set, given at connection start)."""
+    settings = {"statement_timeout": STATEMENT_TIMEOUT_S * 1000, "lock_timeout": LOCK_TIMEOUT_S * 1000,
+                **(settings or {})}
+    options = " ".join(f"-c {name}={value}" for name, value in settings.items())
     connect_args = {"connect_timeout": CONNECT_TIMEOUT_S, "options": options, **kwargs.pop("connect_args", {})}
     return sa.create_engine(engine_url(url), connect_args=connect_args, **kwargs)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
+from embedjob import db
 from support.polling import wait_until
 from support.sink import OpenJob, open_job
 from support.sql import query
@@ -13,7 +14,7 @@ from embedjob_worker.core.records import Record
 from embedjob_worker.core.tally import RunTally
 from embedjob_worker.sink.copy_data import content_salt
 from embedjob_worker.sink.incremental import delete_missing, forget_seen_ids
-from embedjob_worker.sink.job_lock import JobLock
+from embedjob_worker.sink.job_lock import SERVER_KEEPALIVES, JobLock
 from embedjob_worker.sink.runs import RunRequest
 from embedjob_worker.sink.seen_ids import SeenIds
 from embedjob_worker.sink.target import SinkTarget
@@ -179,3 +180,17 @@ def test_a_sync_delete_whose_commit_reply_was_lost_or_whose_driver_crashed_still
     row = resuming.runs.finish(resumed.run, "succeeded", None, None, tally.driver_update())
     assert row["records_deleted"] == 2 and tally.counters().records_deleted == 2
     resuming.close()
+
+
+def test_the_lock_session_asks_the_server_for_keepalives_so_a_vanished_driver_frees_the_lock(database_url):
+    """A driver whose pod vanished sends no FIN: the server's own keepalives end its session, and the lock, in about
+    a minute. (On this test's Unix socket the server ignores them and shows 0: the source shows they were asked.)"""
+    engine = db.create_engine(database_url)
+    lock = JobLock.take(engine, "local/default/keepalives", wait_s=1)
+    try:
+        asked = lock._connection.execute(sa.text(
+            "SELECT name, source FROM pg_settings WHERE name LIKE 'tcp_keepalives_%' ORDER BY name")).all()
+        assert [tuple(row) for row in asked] == [(name, "client") for name in sorted(SERVER_KEEPALIVES)]
+    finally:
+        lock.release()
+        engine.dispose()

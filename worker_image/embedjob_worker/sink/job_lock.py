@@ -28,8 +28,12 @@ log = logging.getLogger("embedjob_worker.sink.job_lock")
 _POLL_S = 1.0
 # How often the lock's session is asked whether it still holds the lock.
 CHECK_EVERY_S = 10.0
-# A dead peer of the idle lock connection is found within about 30 + 3 × 10 seconds.
+# A dead peer of the idle lock connection is found within about 30 + 3 × 10 seconds: by the driver (libpq's
+# keepalives) and by the server (its own, for this session). A driver whose pod or node vanished sends no FIN;
+# without the server's keepalives its session, and the job's lock, would outlive it by the OS default (2 hours),
+# and the job's retry would wait job_lock_wait_s for it and then refuse (JobAlreadyRunning).
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+SERVER_KEEPALIVES = {"tcp_keepalives_idle": 30, "tcp_keepalives_interval": 10, "tcp_keepalives_count": 3}
 # Whether this session holds the job's lock (pg_locks shows a two-key advisory lock as classid, objid, objsubid 2).
 _HELD_SQL = sa.text("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
                     f" AND granted AND objsubid = 2 AND classid = {db.JOB_LOCK}::oid"
@@ -51,7 +55,8 @@ class JobLock:
     def take(cls, engine: sa.Engine, job_key: str, wait_s: float, check_every_s: float = CHECK_EVERY_S) -> JobLock:
         """The lock of job `job_key` (on a connection of its own to `engine`'s database): a second driver of the
         job waits up to `wait_s` for the first to finish, then refuses (JobAlreadyRunning)."""
-        lock_engine = db.create_engine(engine.url, poolclass=sa.pool.NullPool, connect_args=_KEEPALIVES)
+        lock_engine = db.create_engine(engine.url, SERVER_KEEPALIVES, poolclass=sa.pool.NullPool,
+                                       connect_args=_KEEPALIVES)
         conn = lock_engine.connect().execution_options(isolation_level="AUTOCOMMIT")  # no transaction held open
         try_lock = db.advisory_lock_sql("pg_try_advisory_lock", db.JOB_LOCK)
         deadline, next_log = time.monotonic() + wait_s, 0.0
