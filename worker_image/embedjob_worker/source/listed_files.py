@@ -82,9 +82,9 @@ class ListedFiles(ByPosition[InputSnapshot]):
     def __init__(self, keyed: Iterable[tuple[str, InputSnapshot]] = ()):
         self.keys, self._uris, self._contents, self._modified = _Strings(), _Strings(), _Strings(), _Strings()
         self._sizes = array("q")
-        self.keep(list(keyed))
+        self.keep(keyed)  # one pass: a listing's snapshots are made one at a time, never held together
 
-    def keep(self, page: Sequence[tuple[str, InputSnapshot]]) -> None:
+    def keep(self, page: Iterable[tuple[str, InputSnapshot]]) -> None:
         for key, part in page:
             self.keys.append(key)
             self._uris.append(part.uri)
