@@ -113,7 +113,9 @@ def test_semantic_errors_are_refused_and_can_be_fixed(kube, namespace, start_ope
     kube.kubectl("patch", "ej", "ftp", "-n", namespace, "--type=merge",
                  "-p", json.dumps({"spec": {"source": {"uri": "s3://bucket/in.jsonl"}}}))
     wait_for_condition(kube, namespace, "ftp", "Accepted", "True", timeout=30)
-    assert [rj["metadata"]["labels"]["embedjob.dev/job-name"] for rj in rayjobs(kube, namespace)] == ["ftp"]
+    # Accepted is written before the RayJob is created (reconcile.launch): wait for it
+    created = wait_until("the RayJob", lambda: rayjobs(kube, namespace), timeout=30)
+    assert [rj["metadata"]["labels"]["embedjob.dev/job-name"] for rj in created] == ["ftp"]
 
 
 def test_accepted_spec_is_frozen_but_suspend_works(kube, namespace, start_operator):

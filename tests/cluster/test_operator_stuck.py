@@ -138,14 +138,16 @@ def test_a_fixed_spec_is_reviewed_at_once_and_refusals_are_logged_once(kube_ns, 
     wait_until("Accepted", lambda: (condition(get_json(kube, "ej", "typo", "-n", namespace), "Accepted") or {})
                .get("status") == "True", timeout=30)
     assert time.monotonic() - fixed_at < 10
+    # Accepted is written before the RayJob is created, and the line saying so after: wait for both
+    wait_until("the RayJob", lambda: rayjobs(kube, namespace), timeout=30)
     assert len(rayjobs(kube, namespace)) == 1
-
-    log = operator.log()
+    accepted_line = f"[{namespace}/typo] accepted after it was refused (SecretNotFound)"
+    log = wait_until("the accepted line in the log", lambda: (lambda text: text if accepted_line in text else None)(
+        operator.log()), timeout=30)
     refusals = [line for line in log.splitlines() if "SecretNotFound" in line and "refused," in line]
     assert len(refusals) == 1, refusals
     assert f"[{namespace}/typo]" in refusals[0] and "[WARNING" in refusals[0]
     assert "[ERROR" not in log and "failed temporarily" not in log
-    assert f"[{namespace}/typo] accepted after it was refused (SecretNotFound)" in log
 
 
 def test_refused_jobs_are_reviewed_again_and_logged_once_per_reason(kube_ns, start_operator):
