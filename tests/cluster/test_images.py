@@ -23,10 +23,9 @@ from envtest.images.runtime import (
 from plugins.harness_images import worker_image_timeout
 from plugins.operator_process import grant_operator_permissions
 from support.chart import render_chart, the
-from support.kubectl import apply_job, create_database_secret, rayjobs
+from support.kubectl import apply_job, create_database_secret, wait_for_rayjobs
 from support.net import free_port
 from support.processes import http_ok, wait_for
-from support.polling import wait_until
 from support.project import pinned_ray_version
 
 pytestmark = pytest.mark.k8s
@@ -102,7 +101,7 @@ def test_operator_from_its_image_serves_a_job_against_the_api_server(controller_
                  process, log)
         create_database_secret(kube, namespace, "postgresql://writer:secret@db.example:5432/embed")
         apply_job(kube, namespace, "from-image")
-        rayjob = wait_until("the RayJob", lambda: (rayjobs(kube, namespace) or [None])[0], timeout=60)
+        rayjob = wait_for_rayjobs(kube, namespace, timeout=60)[0]
         assert rayjob["spec"]["entrypoint"].startswith(f"python -m {DRIVER_MODULE} ")
     assert "Traceback" not in log.read_text(errors="replace")
 

@@ -11,7 +11,7 @@ from controller.rayjob import build_rayjob, rayjob_name
 from controller.settings import Settings
 from embedjob.api import parse_spec
 from support.kubectl import (apply_job, condition, create_database_secret, events_for, get_json, rayjobs,
-                             wait_for_condition)
+                             wait_for_condition, wait_for_rayjobs)
 from support.net import free_port
 from support.polling import wait_until
 
@@ -21,7 +21,7 @@ DB_URL = "postgresql://writer:not-a-real-password@db.example:5432/embed"
 
 
 def the_rayjob(kube, namespace: str) -> dict:
-    return wait_until("the RayJob", lambda: (rayjobs(kube, namespace) or [None])[0], timeout=30)
+    return wait_for_rayjobs(kube, namespace)[0]
 
 
 def test_job_gets_one_rayjob_that_kuberay_accepts(kube, namespace, kuberay_operator, start_operator):
@@ -113,9 +113,7 @@ def test_semantic_errors_are_refused_and_can_be_fixed(kube, namespace, start_ope
     kube.kubectl("patch", "ej", "ftp", "-n", namespace, "--type=merge",
                  "-p", json.dumps({"spec": {"source": {"uri": "s3://bucket/in.jsonl"}}}))
     wait_for_condition(kube, namespace, "ftp", "Accepted", "True", timeout=30)
-    # Accepted is written before the RayJob is created (reconcile.launch): wait for it
-    created = wait_until("the RayJob", lambda: rayjobs(kube, namespace), timeout=30)
-    assert [rj["metadata"]["labels"]["embedjob.dev/job-name"] for rj in created] == ["ftp"]
+    assert [rj["metadata"]["labels"]["embedjob.dev/job-name"] for rj in wait_for_rayjobs(kube, namespace)] == ["ftp"]
 
 
 def test_accepted_spec_is_frozen_but_suspend_works(kube, namespace, start_operator):

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from support.kubectl import apply_job, condition, create_database_secret, events_for, get_json, rayjobs
+from support.kubectl import (apply_job, condition, create_database_secret, events_for, get_json,
+                             wait_for_rayjobs)
 from support.polling import wait_until
 
 pytestmark = pytest.mark.k8s
@@ -65,7 +66,7 @@ def test_a_job_whose_pods_cannot_start_says_why(kube_ns, start_operator):
     operator = start_operator(kube, namespace)
     create_database_secret(kube, namespace, DB_URL)
     apply_job(kube, namespace, "stuck")
-    rayjob = wait_until("the RayJob", lambda: (rayjobs(kube, namespace) or [None])[0], timeout=30)
+    rayjob = wait_for_rayjobs(kube, namespace)[0]
     # What KubeRay reports while the cluster starts (no KubeRay runs on this control plane).
     kube.kubectl("patch", "rayjob", rayjob["metadata"]["name"], "-n", namespace, "--subresource=status",
                  "--type=merge", "-p", json.dumps({"status": {"jobDeploymentStatus": "Initializing",
@@ -138,12 +139,11 @@ def test_a_fixed_spec_is_reviewed_at_once_and_refusals_are_logged_once(kube_ns, 
     wait_until("Accepted", lambda: (condition(get_json(kube, "ej", "typo", "-n", namespace), "Accepted") or {})
                .get("status") == "True", timeout=30)
     assert time.monotonic() - fixed_at < 10
-    # Accepted is written before the RayJob is created, and the line saying so after: wait for both
-    wait_until("the RayJob", lambda: rayjobs(kube, namespace), timeout=30)
-    assert len(rayjobs(kube, namespace)) == 1
+    assert len(wait_for_rayjobs(kube, namespace)) == 1
+    # the operator logs the acceptance after it created the RayJob
     accepted_line = f"[{namespace}/typo] accepted after it was refused (SecretNotFound)"
-    log = wait_until("the accepted line in the log", lambda: (lambda text: text if accepted_line in text else None)(
-        operator.log()), timeout=30)
+    wait_until("the accepted line in the log", lambda: accepted_line in operator.log(), timeout=30)
+    log = operator.log()
     refusals = [line for line in log.splitlines() if "SecretNotFound" in line and "refused," in line]
     assert len(refusals) == 1, refusals
     assert f"[{namespace}/typo]" in refusals[0] and "[WARNING" in refusals[0]

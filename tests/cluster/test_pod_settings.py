@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from support.kubectl import apply_job, create_database_secret, get_json, rayjobs
+from support.kubectl import apply_job, create_database_secret, get_json, wait_for_rayjobs
 from support.paths import REPO
 from support.pod_settings import (AFFINITY, EVERY_POD_SETTING, HEAD_TEMPLATE, POLICY_ALLOWING_SERVICE_ACCOUNT,
                                   PRIORITY_CLASS, SERVICE_ACCOUNT, WORKER_TEMPLATE)
@@ -80,7 +80,7 @@ def test_kuberays_pods_carry_the_pod_settings(kube, namespace, kuberay_operator,
     start_operator(kube, namespace, EMBEDJOB_POD_POLICY=POLICY_ALLOWING_SERVICE_ACCOUNT)
     apply_job(kube, namespace, "placed", **EVERY_POD_SETTING)
 
-    rayjob = wait_until("the RayJob", lambda: (rayjobs(kube, namespace) or [None])[0], timeout=60)
+    rayjob = wait_for_rayjobs(kube, namespace, timeout=60)[0]
     submitter = rayjob["spec"]["submitterPodTemplate"]["spec"]  # KubeRay took it as written
     assert submitter["serviceAccountName"] == SERVICE_ACCOUNT
     assert submitter["imagePullSecrets"] == HEAD_TEMPLATE["spec"]["imagePullSecrets"]

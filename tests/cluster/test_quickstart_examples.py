@@ -15,9 +15,9 @@ import yaml
 from controller.acceptance import SAMPLE_IN_WORKER_IMAGE
 from embedjob.contract import CONFIG_FLAG
 from support.cli import EMBEDJOB, run
-from support.kubectl import condition, create_database_secret, get_json, rayjobs, wait_for_condition
+from support.kubectl import (condition, create_database_secret, get_json, rayjobs, wait_for_condition,
+                             wait_for_rayjobs)
 from support.paths import REPO
-from support.polling import wait_until
 
 pytestmark = pytest.mark.k8s
 
@@ -38,8 +38,7 @@ def test_the_local_quickstart_is_refused_on_a_cluster_and_the_cluster_one_runs_t
     # the cluster example is the same job (same name): not accepted yet, so its spec may still change
     kube.kubectl("apply", "-n", namespace, "-f", str(REPO / "examples" / "quickstart-cluster.yaml"))
     wait_for_condition(kube, namespace, "quickstart", "Accepted", "True", timeout=90)
-    # Accepted is written before the RayJob is created (reconcile.launch): wait for it
-    [rayjob] = wait_until("the RayJob", lambda: rayjobs(kube, namespace), timeout=30)
+    [rayjob] = wait_for_rayjobs(kube, namespace)
     entrypoint = shlex.split(rayjob["spec"]["entrypoint"])
     config = json.loads(base64.b64decode(entrypoint[entrypoint.index(CONFIG_FLAG) + 1]))
     assert config["spec"]["source"]["uri"] == SAMPLE_IN_WORKER_IMAGE

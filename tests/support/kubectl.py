@@ -95,6 +95,11 @@ def rayjobs(kube, namespace: str) -> list[dict]:
     return get_json(kube, "rayjobs", "-n", namespace)["items"]
 
 
+def wait_for_rayjobs(kube, namespace: str, timeout: float = 30) -> list[dict]:
+    """The namespace's RayJobs once there is one (the operator writes Accepted before it creates the RayJob)."""
+    return wait_until("the RayJob", lambda: rayjobs(kube, namespace), timeout=timeout)
+
+
 def events_for(kube, namespace: str, name: str) -> list[dict]:
     items = get_json(kube, "events", "-n", namespace)["items"]
     return [e for e in items if e["involvedObject"].get("name") == name]
