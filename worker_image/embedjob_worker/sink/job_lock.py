@@ -33,7 +33,7 @@ CHECK_EVERY_S = 10.0
 # without the server's keepalives its session, and the job's lock, would outlive it by the OS default (2 hours),
 # and the job's retry would wait job_lock_wait_s for it and then refuse (JobAlreadyRunning).
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
-SERVER_KEEPALIVES = {"tcp_keepalives_idle": 30, "tcp_keepalives_interval": 10, "tcp_keepalives_count": 3}
+SERVER_KEEPALIVES = {f"tcp_{name}": value for name, value in _KEEPALIVES.items() if name != "keepalives"}
 # Whether this session holds the job's lock (pg_locks shows a two-key advisory lock as classid, objid, objsubid 2).
 _HELD_SQL = sa.text("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
                     f" AND granted AND objsubid = 2 AND classid = {db.JOB_LOCK}::oid"
