@@ -1,4 +1,4 @@
-"""The driver end to end: real Ray (one local session per module), the real model, real PostgreSQL."""
+"""The driver end to end: real Ray in the test process (plugins.ray_heads), the real model, real PostgreSQL."""
 
 import json
 import threading

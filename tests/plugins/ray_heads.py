@@ -1,7 +1,10 @@
 """pytest plugin: local Ray heads (`ray start --head`, 2 CPUs, on 127.0.0.1 only).
 
 - `ray_address` (module): Ray in this test process (`ray.init`, 2 CPUs, no dashboard), for
-  tests that call the driver's `run_job` directly; yields its GCS address.
+  tests that call the driver's `run_job` directly; yields its GCS address. One Ray serves the
+  modules of a test process one after the other (a start costs about 10 s of CPU here); a
+  module that starts a Ray of its own environment (`ray_in_this_process`) stops it first, and
+  the next module that asks starts it again.
 - `local_ray` (session): a head without dashboard or token authentication; yields its
   address for RAY_ADDRESS. The stand-in for KubeRay runs RayJob entrypoints on it.
 - `token_ray` (session): a head with its dashboard and RAY_AUTH_MODE=token and a fresh
@@ -89,26 +92,61 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     os._exit(_session_exit_status)
 
 
+class _SharedRay:
+    """The in-process Ray that the `ray_address` modules of this test process share, while it runs."""
+
+    address: str | None = None
+
+    @classmethod
+    def start(cls) -> str:
+        if cls.address is None:
+            cls.address = _init_ray()
+        return cls.address
+
+    @classmethod
+    def stop(cls) -> None:
+        if cls.address is not None:
+            import ray
+
+            ray.shutdown()
+            cls.address = None
+
+
+def _init_ray() -> str:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    return ray.get_runtime_context().gcs_address
+
+
 @contextmanager
 def ray_in_this_process(env: dict[str, str] | None = None) -> Iterator[str]:
     """Ray in this test process (2 CPUs, no dashboard) started with `env` added to os.environ, which its
-    worker processes (the actors) inherit, as a Ray pod's do its environment; yields its GCS address."""
+    worker processes (the actors) inherit, as a Ray pod's do its environment; yields its GCS address.
+    The shared Ray of `ray_address` is stopped first: one Ray at a time runs in a process."""
     import ray
 
+    _SharedRay.stop()
     with pytest.MonkeyPatch.context() as patch:
         for name, value in (env or {}).items():
             patch.setenv(name, value)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        address = _init_ray()
         try:
-            yield ray.get_runtime_context().gcs_address
+            yield address
         finally:
             ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def _shared_ray():
+    yield _SharedRay
+    _SharedRay.stop()
+
+
 @pytest.fixture(scope="module")
-def ray_address():
-    with ray_in_this_process() as address:
-        yield address
+def ray_address(_shared_ray):
+    """The shared in-process Ray's GCS address (started if it is not running)."""
+    return _shared_ray.start()
 
 
 @pytest.fixture(scope="session")
