@@ -1,14 +1,15 @@
 # Sourced, not run: builds test binaries from Go modules once per version, cached outside the repo in
 # ${EMBEDJOB_CACHE:-$HOME/.cache/embedjob}/bin/<name>-<version> (tests/envtest/setup for the control plane,
-# tests/run for the integration tier's servers). Sourcing it takes the build lock for the rest of the
-# sourcing shell: one build at a time on this machine; a second one (another clone's test run) waits and
-# then finds the binary the first one built, instead of compiling the same packages beside it.
+# tests/run for the integration tier's servers). The build lock (hold_build_lock) is taken by the first thing
+# the sourcing shell must make, and kept for the rest of it: one maker at a time on this machine; a second one
+# (another clone's test run) waits and then finds what the first one made, instead of compiling the same
+# packages beside it. A run that finds everything made never waits, not even on another run's builds.
 # Go's own build and module caches (GOCACHE, GOMODCACHE) are used as configured. Progress goes to stderr.
 
 bindir="${EMBEDJOB_CACHE:-$HOME/.cache/embedjob}/bin"
 mkdir -p "$bindir"
 exec 9>"$bindir/.setup.lock"
-flock 9
+hold_build_lock() { flock 9; }
 
 log() { printf '%s: %s\n' "$(basename "$(dirname "$0")")/$(basename "$0")" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -22,6 +23,7 @@ command -v go >/dev/null || die "go is not on PATH (Go 1.26+ is needed)"
 build() {
   local name="$1" version="$2" dir="$3" pkg="$4" ldflags="-s -w ${5:-}"
   local out="$bindir/$name-$version"
+  [[ -x "$out" ]] || hold_build_lock  # then look again: the run that held it may have built it
   if [[ -x "$out" ]]; then
     log "$name $version: cached ($out)"
     return
