@@ -2,7 +2,7 @@
 
 - `ray_address` (module): Ray in this test process (`ray.init`, 2 CPUs, no dashboard), for
   tests that call the driver's `run_job` directly; yields its GCS address. One Ray serves the
-  modules of a test process one after the other (a start costs about 10 s of CPU here); a
+  modules of a test process one after the other (each start avoided saves about 5 s here); a
   module that starts a Ray of its own environment (`ray_in_this_process`) stops it first, and
   the next module that asks starts it again.
 - `local_ray` (session): a head without dashboard or token authentication; yields its
