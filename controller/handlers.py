@@ -97,6 +97,9 @@ async def launch(body: kopf.Body, memo: kopf.Memo, rayjobs_by_job: kopf.Index, l
     except reconcile.SpecChanged as exc:
         # Not an error: the edit's own change event brings the new version to this handler.
         logger.info(f"{exc}; the new version is reviewed at its change")
+    except reconcile.NamespaceTerminating as exc:
+        # Not an error: the job goes with its namespace, and its cleanup releases it.
+        logger.info(f"{exc}; nothing is launched")
 
 
 @kopf.on.delete(*JOBS, annotations={RELEASED: kopf.ABSENT})

@@ -10,7 +10,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import events, metrics, status
 from .acceptance import REVIEWED, Verdict
-from .kube import CONFLICT, FORBIDDEN
+from .kube import CONFLICT, refused_as_namespace_goes
 from .reconcile import Context, job_ref, observe, own_rayjob
 from .scheduled_runs import LABEL_SCHEDULED_BY_UID, runs_of, schedule_spec
 
@@ -101,8 +101,7 @@ class StatusKeeper:
                     obs = await observe(job, current, rayjob, verdict, generation, self._ctx, runs)
                     stored, changes = await sync_status(job, current, obs, self._ctx)
             except ApiException as exc:
-                # with watchNamespaces, the namespace controller may delete the RoleBinding before the job
-                if exc.status == FORBIDDEN and await self._ctx.kube.namespace_terminating(namespace):
+                if await refused_as_namespace_goes(self._ctx.kube, exc, namespace):
                     return
                 raise
             self._written[uid] = stored

@@ -40,6 +40,12 @@ def api_client(retries: int | None = None) -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient(configuration)
 
 
+async def refused_as_namespace_goes(kube: "KubeApi", exc: ApiException, namespace: str) -> bool:
+    """Whether `exc` is a 403 in a namespace being deleted: with watchNamespaces the namespace controller may
+    delete the chart's RoleBinding before the operator's objects there, so such a refusal is no defect."""
+    return exc.status == FORBIDDEN and await kube.namespace_terminating(namespace)
+
+
 class KubeApi:
     """The operator's own calls to the Kubernetes API (one client for the whole operator)."""
 

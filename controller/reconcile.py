@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from . import acceptance, queueing, scheduled_runs, status, waiting
 from .acceptance import ACCEPTED, SCHEDULE_ACCEPTED, Verdict
-from .kube import KubeApi
+from .kube import KubeApi, refused_as_namespace_goes
 from .metrics import JobStates
 from .pool_sweeper import PoolSweeper
 from .rayjob import build_rayjob, owned_by, rayjob_name
@@ -62,6 +62,10 @@ class SpecChanged(Exception):
     """The job changed between its review and its acceptance: review the new version."""
 
 
+class NamespaceTerminating(Exception):
+    """A call of the review was refused (403) in a namespace being deleted: nothing is launched there any more."""
+
+
 def own_rayjob(candidates: Iterable[dict[str, Any]], job_meta: dict[str, Any]) -> dict[str, Any] | None:
     return next((rj for rj in candidates if owned_by(rj, job_meta)), None)
 
@@ -77,7 +81,20 @@ async def launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], c
     SpecChanged, and the new version is reviewed instead. `created(rayjob)` is told of the
     RayJob as soon as it exists (the status records its name, and says RayJobCreated from then on).
     A create the API server refuses (a ResourceQuota, an admission policy) is a refusal,
-    RayJobCreateRefused with the API server's message: reviewed again like any refused job."""
+    RayJobCreateRefused with the API server's message: reviewed again like any refused job.
+    A call refused (403) in a namespace being deleted raises NamespaceTerminating: the namespace controller may
+    delete the RoleBinding that grants the calls while kopf still runs this handler for the job (a CI run)."""
+    try:
+        return await _launch(job, known_rayjobs, ctx, accept, created)
+    except ApiException as exc:
+        if await refused_as_namespace_goes(ctx.kube, exc, job["metadata"]["namespace"]):
+            raise NamespaceTerminating(f"namespace {job['metadata']['namespace']} is being deleted") from exc
+        raise
+
+
+async def _launch(job: dict[str, Any], known_rayjobs: Iterable[dict[str, Any]], ctx: Context,
+                  accept: Callable[[dict[str, Any]], Awaitable[bool]],
+                  created: Callable[[dict[str, Any]], Awaitable[None]] | None) -> Verdict:
     meta, spec = job["metadata"], job["spec"]
     if status.is_final(job.get("status") or {}):
         return ACCEPTED

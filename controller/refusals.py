@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable
 
 from .acceptance import Verdict
 from .kube import KubeApi
-from .reconcile import SpecChanged, job_ref
+from .reconcile import NamespaceTerminating, SpecChanged, job_ref
 
 log = logging.getLogger("controller.refusals")
 
@@ -57,6 +57,8 @@ class Refusals:
                 await self._review(job)  # noted again through `note`
             except SpecChanged:
                 continue  # edited since it was read: kopf's update handler reviews the new version
+            except NamespaceTerminating:
+                self.forget(uid)  # it goes with its namespace
             except Exception:  # the next round retries; a spec edit meanwhile is reviewed by its handler
                 log.exception("re-review failed", extra=job_ref(ref))
 

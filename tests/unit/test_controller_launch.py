@@ -4,6 +4,7 @@ made during the review means no RayJob for the old version."""
 import asyncio
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from controller import reconcile
 from controller.metrics import JobStates
@@ -164,3 +165,33 @@ class TerminatingNamespaceKube(OwningKube):
 def test_cleanup_in_a_namespace_being_deleted_releases_the_job_without_rayjob_calls():
     """Issue 26 item 4: the namespace controller deletes the RayJob (and maybe the RoleBinding first)."""
     assert asyncio.run(reconcile.cleanup(job({"rayJobName": "ej-pep-1"}), context(TerminatingNamespaceKube())))
+
+
+class RoleBindingGoneKube(StandInKube):
+    """The namespace is being deleted and the RoleBinding that grants the operator its calls there is gone."""
+
+    def __init__(self, terminating: bool):
+        super().__init__()
+        self.terminating = terminating
+
+    async def read_secret(self, namespace, name):
+        raise ApiException(status=403, reason="Forbidden")
+
+    async def namespace_terminating(self, namespace):
+        return self.terminating
+
+
+def test_a_refusal_in_a_namespace_being_deleted_launches_nothing_and_is_no_error():
+    """A CI run: the launch handler ran once the namespace's deletion had begun and its RoleBinding was gone;
+    the Secret's read was refused (403), and the operator logged it as an error."""
+    async def accept(body):
+        raise AssertionError("accepted in a namespace being deleted")
+
+    kube = RoleBindingGoneKube(terminating=True)
+    with pytest.raises(reconcile.NamespaceTerminating, match="namespace ns is being deleted"):
+        asyncio.run(reconcile.launch(job(), [], context(kube), accept))
+    assert kube.created == []
+
+    # the same refusal in a namespace that stays is a real one (RBAC): kopf retries the handler
+    with pytest.raises(ApiException):
+        asyncio.run(reconcile.launch(job(), [], context(RoleBindingGoneKube(terminating=False)), accept))
