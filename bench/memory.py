@@ -29,23 +29,34 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from embedjob.contract import DATABASE_URL_ENV
 from rounds import report, run_rounds
+from tiny_model import build_tiny_model
 
 WORDS = ("embedding vector batch actor driver record token model index cluster python "
          "proposal syntax module function").split()
 
 
-def generate(path: Path, count: int) -> None:
-    """Write `count` JSONL records without holding them in memory."""
+def generate(path: Path, count: int, first: int = 0) -> None:
+    """Write records `first` to `first + count - 1` as JSONL, without holding them in memory."""
     with path.open("w") as f:
-        for i in range(count):
+        for i in range(first, first + count):
             words = " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(20 + i % 17))
             record_id = f"rec-{i // 2}" if i % 1000 == 999 else f"rec-{i}"  # a repeat of an earlier id
             text = None if i % 100 == 42 else f"{i} {words}"
             f.write(json.dumps({"id": record_id, "text": text}) + "\n")
+
+
+def distinct_valid(count: int) -> int:
+    """How many of generate's records 0 to `count - 1` have a text and an id not seen before: each should get
+    one vector. A repeat (every 1000th record, of record i // 2's id) is new when record i // 2 was a repeat
+    itself, and never meets a null text (i // 2 ends in 99 there, a null text's index in 42)."""
+    nulls = count // 100 + (count % 100 > 42)
+    repeats = sum(1 for i in range(999, count, 1000) if (i // 2) % 1000 != 999)
+    return count - nulls - repeats
 
 
 def stream(path: str) -> None:
@@ -97,21 +108,24 @@ def drive(config: str, ray_address: str) -> None:
     from embedjob_worker.driver import main
 
     code = main(["--config", config, "--ray-address", ray_address])
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"exit_code": code, "peak_rss_mb": peak_mb}))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    # what the RSS is made of at the end: the process's own memory, mapped files, shared memory (Ray's object store)
+    with open("/proc/self/status") as status:
+        parts = {key: int(value.split()[0]) / 1024 for key, value in (line.split(":", 1) for line in status)
+                 if key in ("RssAnon", "RssFile", "RssShmem")}
+    print(json.dumps({"exit_code": code, "peak_rss_mb": usage.ru_maxrss / 1024, "rss_at_exit_mb": parts,
+                      "cpu_s": usage.ru_utime + usage.ru_stime}))
 
 
 class FullDriver:
-    """A local Ray cluster, an embedded PostgreSQL and the tiny model, for driver runs; each run a new job."""
+    """A local Ray cluster and an embedded PostgreSQL for driver runs of `model` (a directory); each run a new job."""
 
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, model: Path, batching: dict | None = None):
         import pgserver
         import ray
 
-        from tiny_model import build_tiny_model
-
-        self.tmp, self.runs = tmp, 0
-        self.model = build_tiny_model(tmp / "tiny-model")
+        self.tmp, self.model, self.runs = tmp, model, 0
+        self.batching = batching or {"batchSize": 256, "maxInFlight": 4}
         self.postgres = pgserver.get_server(tmp / "pgdata", cleanup_mode="delete")
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         self.ray_address = ray.get_runtime_context().gcs_address
@@ -122,25 +136,27 @@ class FullDriver:
         ray.shutdown()
         self.postgres.cleanup()
 
-    def measure(self, path: Path) -> float:
+    def run(self, uri: str, sink: dict | None = None) -> dict:
+        """The driver, in a fresh process, on a new job that reads `uri` (with `sink` added to spec.sink): its exit
+        code, peak RSS (MB), CPU seconds and wall seconds."""
         self.runs += 1
-        name = f"memory-{self.runs}"  # a job of its own: a new run, never a resumed one
+        name = f"run-{self.runs}"  # a job of its own: a new run, never a resumed one
         manifest = {"apiVersion": "embedjob.dev/v1alpha1", "kind": "EmbeddingJob",
                     "metadata": {"name": name, "namespace": "bench"},
-                    "spec": {"source": {"uri": str(path)}, "model": {"name": "tiny-bert", "path": str(self.model)},
-                             "batching": {"batchSize": 256, "maxInFlight": 4},
-                             "workers": {"replicas": 1, "cpusPerActor": 1},
-                             "sink": {"databaseSecretRef": {"name": "db"}, "collection": name}}}
+                    "spec": {"source": {"uri": uri}, "model": {"name": self.model.name, "path": str(self.model)},
+                             "batching": self.batching, "workers": {"replicas": 1, "cpusPerActor": 1},
+                             "sink": {"databaseSecretRef": {"name": "db"}, "collection": name, **(sink or {})}}}
         config = self.tmp / f"{name}.json"
         config.write_text(json.dumps(manifest))
         env = {**os.environ, DATABASE_URL_ENV: self.postgres.get_uri(), "HF_HUB_OFFLINE": "1"}
+        started = time.monotonic()
         with (self.tmp / f"{name}.log").open("w") as log:
             out = subprocess.run([sys.executable, __file__, "--drive", str(config), self.ray_address], check=True,
                                  env=env, stdout=subprocess.PIPE, stderr=log, text=True)
-        result = json.loads(out.stdout.strip().splitlines()[-1])
+        result = {**json.loads(out.stdout.strip().splitlines()[-1]), "wall_s": time.monotonic() - started}
         if result["exit_code"] != 0:
             raise RuntimeError(f"the driver exited {result['exit_code']}; see {self.tmp / f'{name}.log'}")
-        return result["peak_rss_mb"]
+        return result
 
 
 def main() -> None:
@@ -165,9 +181,9 @@ def main() -> None:
             inputs[size] = Path(tmp) / f"input-{size}.jsonl"
             print(f"generating {size:,} records ...", file=sys.stderr, flush=True)
             generate(inputs[size], size)
-        full = FullDriver(Path(tmp)) if args.full_driver else None
+        full = FullDriver(Path(tmp), build_tiny_model(Path(tmp) / "tiny-bert")) if args.full_driver else None
         try:
-            measured = full.measure if full else measure
+            measured = (lambda path: full.run(str(path))["peak_rss_mb"]) if full else measure
             results = run_rounds({f"{size:,} records": (lambda p=path: measured(p)) for size, path in inputs.items()},
                                  rounds=args.rounds)
         finally:
