@@ -59,6 +59,15 @@ def distinct_valid(count: int) -> int:
     return count - nulls - repeats
 
 
+def process_memory_mb() -> dict[str, float]:
+    """This process's peak RSS (VmHWM, since its exec) and what its RSS is made of now (its own memory, mapped files,
+    shared memory), in MB. Not getrusage's ru_maxrss: Linux carries the RSS the process had before its exec (the
+    parent's at the fork) into it, which after a parent that loaded torch is most of the figure."""
+    with open("/proc/self/status") as status:
+        fields = dict(line.split(":", 1) for line in status if ":" in line)
+    return {key: int(fields[key].split()[0]) / 1024 for key in ("VmHWM", "RssAnon", "RssFile", "RssShmem")}
+
+
 def stream(path: str) -> None:
     """Run in a child process: feed every record through the data path, print peak RSS in MB.
 
@@ -93,8 +102,7 @@ def stream(path: str) -> None:
             engine.dispose()
         finally:
             server.cleanup()
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"batches": batches, "peak_rss_mb": peak_mb}))
+    print(json.dumps({"batches": batches, "peak_rss_mb": process_memory_mb()["VmHWM"]}))
 
 
 def measure(path: Path) -> float:
@@ -108,12 +116,8 @@ def drive(config: str, ray_address: str) -> None:
     from embedjob_worker.driver import main
 
     code = main(["--config", config, "--ray-address", ray_address])
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    # what the RSS is made of at the end: the process's own memory, mapped files, shared memory (Ray's object store)
-    with open("/proc/self/status") as status:
-        parts = {key: int(value.split()[0]) / 1024 for key, value in (line.split(":", 1) for line in status)
-                 if key in ("RssAnon", "RssFile", "RssShmem")}
-    print(json.dumps({"exit_code": code, "peak_rss_mb": usage.ru_maxrss / 1024, "rss_at_exit_mb": parts,
+    usage, memory = resource.getrusage(resource.RUSAGE_SELF), process_memory_mb()
+    print(json.dumps({"exit_code": code, "peak_rss_mb": memory.pop("VmHWM"), "rss_at_exit_mb": memory,
                       "cpu_s": usage.ru_utime + usage.ru_stime}))
 
 

@@ -1,4 +1,4 @@
-"""The whole driver and its bookkeeping as the input grows (10⁵ to 10⁷ records), with a model that costs next to nothing.
+"""The whole driver and its bookkeeping as the input grows (10⁵ to 10⁷ records), on a model that costs next to nothing.
 
 Each size is a dataset of `--files` JSONL files (a folder: each file a shard of the run's listing), records
 generated as bench/memory.py generates them: about 250 characters of text, 1% bad records (null text), 0.1% ids

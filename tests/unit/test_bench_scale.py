@@ -1,12 +1,11 @@
 """bench/scale.py's parts: the records it generates, the count of vectors it expects, the cost of a further
-record, and the null model (bench/null_model.py)."""
+record (the null model it embeds with: tests/integration/test_bench_null_model.py)."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-import numpy as np
 import pytest
 
 from support.paths import REPO
@@ -57,19 +56,3 @@ def test_a_further_record_costs_the_difference_of_the_totals_over_the_records_be
     further = further_record(results, sizes)
     assert further["driver CPU (µs a record), small to large"].values == pytest.approx([2.0, 26 / 9, 2.0])
     assert not [name for name in further if "RSS" in name]  # a peak, not a sum
-
-
-def test_the_null_model_gives_each_text_one_unit_vector_of_its_dimension(tmp_path):
-    from sentence_transformers import SentenceTransformer
-
-    from null_model import build_null_model
-
-    model = SentenceTransformer(str(build_null_model(tmp_path / "null", dimension=16)), device="cpu")
-    texts = ["PEP 8 is the style guide", "PEP 8 is the style guide", "PEP 20, the Zen of Python", "é 🙂 \u0000"]
-    vectors = model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
-    again = SentenceTransformer(str(build_null_model(tmp_path / "again", dimension=16)), device="cpu").encode(
-        texts, normalize_embeddings=True, convert_to_numpy=True)
-    assert vectors.shape == (4, 16) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
-    assert np.array_equal(vectors[0], vectors[1]) and not np.allclose(vectors[0], vectors[2])
-    assert np.array_equal(vectors, again)  # built from a seed: the same vectors at every run
-    assert model.max_seq_length == float("inf")  # the actors look for no truncated text
