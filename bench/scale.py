@@ -128,20 +128,22 @@ class ScaleRuns:
             embedded = conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()
             conn.execute(sa.text(f"DROP TABLE {table} CASCADE"))
             conn.commit()
-        if embedded != distinct_valid(records):  # each distinct id with a text once, across the files
-            raise RuntimeError(f"{records:,} records: {embedded:,} vectors, {distinct_valid(records):,} expected")
+        expected = distinct_valid(records)
+        if embedded != expected:  # each distinct id with a text once, across the files
+            raise RuntimeError(f"{records:,} records: {embedded:,} vectors, {expected:,} expected")
+        grown = {name: peak[name] - before.get(name, 0) for name in BOOKKEEPING}
         figures = {
             "driver_rss_mb": result["peak_rss_mb"],
             "driver_cpu_us": result["cpu_s"] / records * 1e6,
             "wall_us": result["wall_s"] / records * 1e6,
             "postgres_cpu_us": postgres_cpu / records * 1e6,
-            "bookkeeping_bytes": sum(peak[name] - before.get(name, 0) for name in BOOKKEEPING) / records,
+            "bookkeeping_bytes": sum(grown.values()) / records,
             "vectors_bytes": peak[table] / records,
         }
         print(json.dumps({"records": records, "embedded": embedded,
                           "driver_rss_at_exit_mb": result["rss_at_exit_mb"],
-                          "bookkeeping_bytes_by_table": {name: (peak[name] - before.get(name, 0)) / records
-                                                         for name in BOOKKEEPING}, **figures}),
+                          "bookkeeping_bytes_by_table": {name: size / records for name, size in grown.items()},
+                          **figures}),
               file=sys.stderr, flush=True)
         return figures
 
