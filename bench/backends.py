@@ -9,7 +9,7 @@ round. Quality: the cosine of each contender's vectors to torch float32's on the
 texts, mean and minimum. Exports land in the usual cache ($XDG_CACHE_HOME/embedjob-models).
 
     HF_HUB_OFFLINE=1 python bench/backends.py [--texts 2000] [--batch-size 32] [--threads 2] [--rounds 3]
-                                              [--corpus PATH]
+                                              [--candidates onnx/int8 ...] [--corpus PATH]
 """
 
 from __future__ import annotations
@@ -58,13 +58,16 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--candidates", nargs="+", default=[f"{b}/{p}" for b, p in CANDIDATES],
+                        metavar="BACKEND/PRECISION", help="what is compared with torch float32 (default: every one)")
     add_corpus_argument(parser)
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
     texts = texts_by_length(args.texts, args.corpus)
-    models = {f"{b} {p}": m for b, p in [REFERENCE, *CANDIDATES] if (m := load(b, p, args.threads)) is not None}
+    candidates = [tuple(choice.split("/", 1)) for choice in args.candidates]
+    models = {f"{b} {p}": m for b, p in [REFERENCE, *candidates] if (m := load(b, p, args.threads)) is not None}
 
     def encode(model) -> np.ndarray:
         return model.encode(texts, batch_size=args.batch_size, normalize_embeddings=True,

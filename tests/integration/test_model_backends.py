@@ -78,10 +78,14 @@ def test_onnx_float32_is_the_model_itself_and_int8_stays_within_the_quality_targ
     assert type(float_model).__name__ == "OnnxSentenceModel"  # onnxruntime itself, no optimum
     vectors = float_model.encode(TEXTS, batch_size=32, normalize_embeddings=True)
     assert np.abs(vectors - torch_vectors).max() < 1e-5
-    # int8 matrix products, except each layer's feed-forward projection back down (six layers)
+    # int8 matrix products, the attention's query, key and value projections among them (30: 5 in each of 6
+    # layers), except each layer's feed-forward projection back down; then fused
     graph = onnx.load(str(int8_dir / "onnx" / "model.onnx")).graph
-    assert len(down_projections(graph)) == 6 and {"DynamicQuantizeLinear", "MatMulInteger"} <= \
-        {node.op_type for node in graph.node}
+    constant = {w.name for w in graph.initializer}
+    float_products = [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in constant]
+    ops = [node.op_type for node in graph.node]
+    assert float_products == down_projections(graph) and len(float_products) == 6
+    assert ops.count("MatMulInteger") == 30 and ops.count("MultiHeadAttention") == 6
     found = cosines(load_model(int8_spec, "cpu", int8_dir, threads=2), torch_vectors)
     assert found.mean() >= 0.99 and found.min() >= 0.97, (found.mean(), found.min())
     assert found.mean() < 0.99999  # quantized: not the float model again

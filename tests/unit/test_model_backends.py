@@ -68,6 +68,8 @@ def test_revision_names_backend_and_precision_except_for_torch_float32():
     assert tagged_revision("abc123", "torch", "float32") == "abc123"  # the vectors written before backends
     assert tagged_revision("abc123", "openvino", "int8") == "abc123+openvino-int8"
     assert tagged_revision("abc123", "torch", "float16") == "abc123+torch-float16"
+    # onnx int8 names its quantization's scheme: never the vectors of the scheme before it ("+onnx-int8")
+    assert tagged_revision("abc123", "onnx", "int8") == "abc123+onnx-int8v2"
     assert len({tagged_revision("abc123", b, p) for b, p in [("torch", "float32"), ("torch", "bfloat16"),
                 ("onnx", "float32"), ("onnx", "int8"), ("openvino", "float32"), ("openvino", "int8")]}) == 6
     with pytest.raises(ValueError, match=f"longer than {REVISION_MAX_CHARS} characters"):

@@ -115,7 +115,7 @@ def test_the_model_files_say_whether_pooling_keeps_the_prompt_and_whether_trunca
 def test_the_revision_records_the_prompt_and_the_dimensions_and_old_revisions_stay():
     assert tagged_revision("abc123", "torch", "float32", "", None) == "abc123"
     assert tagged_revision("abc123", "torch", "float32", "1f2e3d4c", 256) == "abc123+p1f2e3d4c+d256"
-    assert tagged_revision("abc123", "onnx", "int8", "", 128) == "abc123+onnx-int8+d128"
+    assert tagged_revision("abc123", "onnx", "int8", "", 128) == "abc123+onnx-int8v2+d128"
     assert ChosenPrompt("passage: ", "x").tag != ChosenPrompt("passage:", "x").tag
     assert ChosenPrompt("", "none").tag == ""
 

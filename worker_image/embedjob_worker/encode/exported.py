@@ -39,8 +39,9 @@ from embedjob_worker.encode.model import ResolvedModel, load_model
 _EXPORT_LIBRARIES = ("sentence-transformers", "transformers", "tokenizers", "torch", "onnx", "onnxscript", "onnxruntime",
                      "optimum", "optimum-intel", "openvino", "nncf")
 # What an export's directory holds, by embedjob's own code: another layout is another key (2: the onnx backend's
-# tokenizer kept as transformers built it, so that an actor runs it without transformers).
-EXPORT_LAYOUT = 2
+# tokenizer kept as transformers built it, so that an actor runs it without transformers; 3: onnx int8 quantized
+# before the fusion, onnx_export.INT8_SCHEME).
+EXPORT_LAYOUT = 3
 _COMPLETE_MARKER = ".embedjob-export-complete"
 KEY_HEX_CHARS = 24
 

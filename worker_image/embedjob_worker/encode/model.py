@@ -26,6 +26,7 @@ from embedjob_worker.core.errors import JobFailed
 from embedjob_worker.core.worker_reports import EmbedResult, WorkerInfo
 from embedjob_worker.encode.model_card import ChosenPrompt, document_prompt, model_prompts, pooling_includes_prompt
 from embedjob_worker.encode.model_store import fetch_model, weights_revision
+from embedjob_worker.encode.onnx_export import INT8_SCHEME
 
 # A directory holding a sentence-transformers model has one of these.
 _MODEL_MARKERS = ("modules.json", "config_sentence_transformers.json")
@@ -68,14 +69,16 @@ class ResolvedModel:
 def tagged_revision(revision: str, backend: str, precision: str, prompt_tag: str = "",
                     dimensions: int | None = None) -> str:
     """The revision recorded with a vector: the weights' revision, then `+backend-precision` unless torch
-    float32, `+p<hash>` for a document prompt, `+d<N>` for the first N dimensions.
+    float32 (onnx int8 with its quantization's scheme: `+onnx-int8v2`), `+p<hash>` for a document prompt,
+    `+d<N>` for the first N dimensions.
 
     torch float32 without a prompt or truncation keeps the bare revision (the vectors written before these
     existed stay valid); anything else is e.g. `3f2a...+openvino-int8` or `3f2a...+p1f2e3d4c+d256`.
     """
     tagged = revision
     if (backend, precision) != (ModelBackend.torch.value, ModelPrecision.float32.value):
-        tagged += f"{BACKEND_TAG_SEPARATOR}{backend}-{precision}"
+        scheme = INT8_SCHEME if (backend, precision) == (ModelBackend.onnx.value, ModelPrecision.int8.value) else ""
+        tagged += f"{BACKEND_TAG_SEPARATOR}{backend}-{precision}{scheme}"
     if prompt_tag:
         tagged += f"{BACKEND_TAG_SEPARATOR}p{prompt_tag}"
     if dimensions is not None:

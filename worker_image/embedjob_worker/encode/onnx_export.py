@@ -8,12 +8,15 @@ run (`embedjob_worker.encode.onnx_model`), must give the model's own vectors on 
 `CHECK_ATOL`: a model whose preprocessing the export does not reproduce (a prompt, a lower-casing
 tokenizer setting, a module the graph lacks) is refused rather than embedded differently.
 
-int8 is ONNX Runtime's dynamic quantization (no calibration data): the weights of the matrix products
-in int8, per output channel, in 7 bits (`reduce_range`: the integer products then cannot saturate on
-CPUs without VNNI, so a vector does not depend on which CPU computed it), activations quantized per
-batch at run time. The products that project the feed-forward layer back down (the weight's input side
-wider than its output side) stay in float32: their inputs, after the activation function, have the
-widest range, and quantizing them cost the most quality (bench/backends.py; docs/backends.md).
+int8 is ONNX Runtime's dynamic quantization (no calibration data) of the exported graph before its fusion, so
+that the query, key and value projections are quantized too (a fused attention hides their weights from the
+quantizer): the weights of the matrix products in int8, per output channel, in 7 bits (`reduce_range`: the
+integer products then cannot saturate on CPUs without VNNI, so a vector does not depend on which CPU computed
+it), activations quantized per batch at run time. The products that project the feed-forward layer back down
+(the weight's input side wider than its output side) stay in float32: their inputs, after the activation
+function, have the widest range, and quantizing them cost the most quality (bench/backends.py;
+docs/backends.md). INT8_SCHEME names this way in each int8 vector's revision, so that vectors of an earlier
+way are never taken for these.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ CHECK_TEXTS = (
     "tabs\tand\nnew lines", "Python Enhancement Proposal " * 200, "x" * 3000, "",
 )
 OPSET = 18
+# The onnx int8 quantization as above (v2: before the fusion; an export without a scheme quantized after it).
+INT8_SCHEME = "v2"
 
 
 def export_onnx(location: str, hub_revision: str | None, directory: Path, int8: bool) -> None:
@@ -64,7 +69,9 @@ def export_onnx(location: str, hub_revision: str | None, directory: Path, int8: 
     settings.write(directory)
     _check_equal(model, directory)
     if int8:
-        quantize_int8(graph)
+        quantize_int8(exported, graph)
+    for stale in graph.parent.glob(f"{exported.stem}*"):
+        stale.unlink()
 
 
 def _sentence_embedding(model, names: tuple[str, ...]):
@@ -83,15 +90,15 @@ def _sentence_embedding(model, names: tuple[str, ...]):
 
 
 def _fuse_for_onnxruntime(exported: Path, graph: Path) -> None:
-    """`exported` rewritten into `graph` with ONNX Runtime's fused operators (attention, skip layer norm, bias
-    GELU: onnxscript's ort_fusions), which run the float parts of each layer 1.2x faster here; `exported` goes."""
+    """`exported` rewritten into `graph` (and its external data, replaced) with ONNX Runtime's fused operators
+    (attention, skip layer norm, bias GELU: onnxscript's ort_fusions), which run the float parts of each layer 1.2x
+    faster here."""
     import onnx_ir
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
     fused, _counts = optimize_for_ort(onnx_ir.load(str(exported)))
+    graph.with_name(f"{graph.name}.data").unlink(missing_ok=True)  # an earlier graph's, never appended to
     onnx_ir.save(fused, str(graph), external_data=f"{graph.name}.data")
-    for stale in graph.parent.glob(f"{exported.name}*"):
-        stale.unlink()
 
 
 def _check_equal(model, directory: Path) -> None:
@@ -121,20 +128,18 @@ def down_projections(graph) -> list[str]:
             and weights[node.input[1]][0] > weights[node.input[1]][1]]
 
 
-def quantize_int8(graph_path: Path) -> None:
-    """Replace the float32 graph at `graph_path` with its dynamic int8 quantization (see the module's doc)."""
+def quantize_int8(exported: Path, graph: Path) -> None:
+    """Replace the fused float32 `graph` with the dynamic int8 quantization of `exported`, the graph as exported
+    (unfused), fused in turn (see the module's doc)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    keep_float = down_projections(onnx.load(str(graph_path)).graph)
-    quantized = graph_path.with_name("model-int8.onnx")
+    keep_float = down_projections(onnx.load(str(exported)).graph)
+    quantized = exported.with_name(f"{exported.stem}-int8.onnx")
     with _quiet("root"):
-        quantize_dynamic(str(graph_path), str(quantized), weight_type=QuantType.QInt8, per_channel=True,
-                         reduce_range=True, op_types_to_quantize=["MatMul", "Attention"], nodes_to_exclude=keep_float)
-    for stale in graph_path.parent.iterdir():
-        if stale != quantized:
-            stale.unlink()
-    quantized.replace(graph_path)
+        quantize_dynamic(str(exported), str(quantized), weight_type=QuantType.QInt8, per_channel=True,
+                         reduce_range=True, op_types_to_quantize=["MatMul"], nodes_to_exclude=keep_float)
+    _fuse_for_onnxruntime(quantized, graph)
 
 
 @contextmanager
