@@ -5,9 +5,10 @@ all-MiniLM-L6-v2 at the same batch size on the same CPUs. (c) includes the Postg
 writes (an embedded pgserver in a temp dir). "steady" excludes process start and model
 load (first batch start to last batch end / last commit); "wall" includes them.
 (a') and (c') repeat (a) and (c) with a tiny random-weight model (bench/tiny_model.py):
-the ceiling of the data plane, where the model costs next to nothing. (d) is (c) with another
-spec.model backend and precision (--backends, default openvino/int8), against (a)'s torch float32.
+the ceiling of the data plane, where the model costs next to nothing.
 (e) is (c) at the spec's default batching (no batchSize or maxTokens: a token budget for the device).
+(d) is (e) with another spec.model backend and precision (--backends, default openvino/int8), against (a)'s
+torch float32.
 Each packaged-model contender is also given as a fraction of this CPU's float32 peak (bench/model_flops.py:
 the model's FLOPs per text at the corpus's own token counts, against cores × clock × the AVX2 FMA width).
 
@@ -169,7 +170,7 @@ def main() -> None:
             DEFAULT_SPEC: lambda: driver(records, None),
             "(a') tiny model, encode": lambda: plain_encode(tiny_texts, TINY_BATCH, args.cpus, str(tiny_dir)),
             "(c') tiny model, embedjob driver": lambda: driver(tiny_records, TINY_BATCH, model=tiny, max_in_flight=8),
-            **{backend_contender(b): lambda b=b: driver(records, args.batch_size, model=packaged | b)
+            **{backend_contender(b): lambda b=b: driver(records, None, model=packaged | b)
                for b in backends},
         }, rounds=args.rounds)
     finally:
@@ -205,7 +206,7 @@ def peak_fractions(results: dict, contenders: list[str], texts: list[str], cpus:
 
 
 def backend_contender(backend: dict) -> str:
-    return f"(d) embedjob driver + PostgreSQL, {backend['backend']} {backend['precision']}"
+    return f"(d) embedjob driver + PostgreSQL, default spec, {backend['backend']} {backend['precision']}"
 
 
 if __name__ == "__main__":
