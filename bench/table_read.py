@@ -12,13 +12,12 @@ index lookup; without it each page sorts the table again (docs/table-source.md).
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
-from pathlib import Path
 
 from corpus import add_corpus_argument
 from incremental import fill_table
 from rounds import ratio, report, run_rounds
+from scratch import scratch_dir
 
 
 def main() -> None:
@@ -35,14 +34,14 @@ def main() -> None:
     from embedjob.api import SourceTable
     from embedjob_worker.source.table import read_table_records
 
-    server = pgserver.get_server(Path(tempfile.mkdtemp(prefix="embedjob-table-read-")) / "pgdata",
+    server = pgserver.get_server(scratch_dir("embedjob-table-read-") / "pgdata",
                                  cleanup_mode="delete")
     urls = {}
     for name in ("indexed", "unindexed"):
         with psycopg.connect(server.get_uri(), autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{name}"')
         urls[name] = make_url(server.get_uri()).set(database=name).render_as_string(hide_password=False)
-        fill_table(urls[name], args.rows, args.corpus)
+        fill_table(urls[name], args.rows, args.corpus, stamped=False)
         with psycopg.connect(urls[name], autocommit=True) as conn:
             if name == "unindexed":
                 conn.execute("ALTER TABLE docs DROP CONSTRAINT docs_pkey")
