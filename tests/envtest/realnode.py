@@ -18,7 +18,8 @@ Fixtures
     :class:`RealNode`. Needs root, ``ip``, ``unshare``, ``nsenter`` and ``nft``; without
     them the fixture fails with what is missing (or skips with EMBEDJOB_ENVTEST_SKIP=1).
 
-Tests using them are marked ``cluster``. Teardown stops the agent (which stops its
+Tests using ``real_node`` are marked ``cluster`` (tests/run runs them in a session of their own);
+tests using either run after a session's other tests. Teardown stops the agent (which stops its
 pods and removes its network namespaces, bridge and cgroups); a reaper process
 removes them if the agent is killed, and every agent start sweeps the leftovers of
 dead runs.
@@ -53,7 +54,6 @@ NODE_DIR = Path(__file__).resolve().parent / "node"
 TESTS_DIR = NODE_DIR.parent.parent
 NODE_NAME = "embedjob-test-node"
 BINARY_ENV = {"kube_scheduler": "EMBEDJOB_KUBE_SCHEDULER", "kube_controller_manager": "EMBEDJOB_KUBE_CONTROLLER_MANAGER"}
-REAL_NODE_FIXTURES = {"kube_controllers", "real_node"}
 #: The worker image's ENV (worker_image/Dockerfile, built with a baked-in MODEL_PACKAGE): no image
 #: is pulled, so the node gives it to every container (the container's own env wins).
 IMAGE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
@@ -72,13 +72,17 @@ CONTROLLERS = [
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "cluster: runs pods for real (scheduler, controller-manager, test node)")
+    config.addinivalue_line("markers", "cluster: runs pods for real on the test node (with the scheduler and "
+                            "controller-manager); tests/run runs these in a session of their own")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if REAL_NODE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if "real_node" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+    # The scheduler and controller-manager, once started, run for the rest of the session and act on every later
+    # test's objects (garbage collection, namespace deletion): the tests that start them run after the others.
+    items.sort(key=lambda item: "kube_controllers" in getattr(item, "fixturenames", ()))
 
 
 def _binaries() -> dict[str, str]:
