@@ -14,7 +14,7 @@ from embedjob_worker.encode.actors import EmbeddingWorker
 from embedjob_worker.encode.exported import export_model, read_export
 from embedjob_worker.encode.model import load_model, resolve_model
 from embedjob_worker.encode.onnx_export import down_projections
-from support.cli import EMBEDJOB, manifest, run
+from support.cli import EMBEDJOB, manifest, run, run_on_ray
 from support.corpus import corpus_lines
 from support.driver_jobs import write_input
 from support.job_models import TORCH_MODEL
@@ -108,12 +108,12 @@ def test_an_onnx_actor_embeds_the_model_s_vectors_without_importing_torch_or_tra
 
 
 def test_an_int8_job_below_its_min_cosine_is_refused_naming_both_figures_and_writes_nothing(
-        tmp_path, database_url, cache_env):
+        tmp_path, database_url, cache_env, local_ray):
     source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 40))
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(merged(manifest(str(source), TORCH_MODEL), {"spec": {"model": {
         "backend": "onnx", "precision": "int8", "minCosine": 0.9999}}})))
-    result = run([*EMBEDJOB, "run", str(job), "--database-url", database_url], env=cache_env, timeout=600)
+    result = run_on_ray(local_ray, [*EMBEDJOB, "run", str(job), "--database-url", database_url], cache_env, 600)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
     assert "PrecisionBelowMinimum: spec.model.minCosine 0.9999: precision int8 gave a mean cosine of 0.99" in \
         result.stdout, result.stdout
@@ -124,7 +124,7 @@ def test_an_int8_job_below_its_min_cosine_is_refused_naming_both_figures_and_wri
     assert (state, reason) == ("failed", "PrecisionBelowMinimum") and 0.99 < mean < 0.9999 and 0.9 < least <= mean
 
 
-def test_vectors_of_each_backend_and_precision_are_kept_apart(tmp_path, database_url, cache_env):
+def test_vectors_of_each_backend_and_precision_are_kept_apart(tmp_path, database_url, cache_env, local_ray):
     source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 64))
     quantized, plain = tmp_path / "openvino-int8.yaml", tmp_path / "torch.yaml"
     quantized.write_text(yaml.safe_dump(merged(manifest(str(source), TORCH_MODEL), {"spec": {"model": {
@@ -132,17 +132,17 @@ def test_vectors_of_each_backend_and_precision_are_kept_apart(tmp_path, database
     plain.write_text(yaml.safe_dump(manifest(str(source), TORCH_MODEL)))
     base_revision, model_name = resolved().revision, resolved().name
 
-    first = run([*EMBEDJOB, "run", str(quantized), "--database-url", database_url], env=cache_env, timeout=600)
+    first = run_on_ray(local_ray, [*EMBEDJOB, "run", str(quantized), "--database-url", database_url], cache_env, 600)
     assert first.returncode == 0, first.stdout + first.stderr
     assert query(database_url, "SELECT revision, count(*) FROM embeddings GROUP BY 1") == \
         [(f"{base_revision}+openvino-int8", 64)]
     written = query(database_url, "SELECT record_id, embedding::text FROM embeddings ORDER BY 1")
 
     # the same job with torch float32: another revision, so not a resume of the int8 run
-    refused = run([*EMBEDJOB, "run", str(plain), "--database-url", database_url], env=cache_env)
+    refused = run_on_ray(local_ray, [*EMBEDJOB, "run", str(plain), "--database-url", database_url], cache_env)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert f"model.revision changed from '{base_revision}+openvino-int8' to '{base_revision}'" in refused.stdout
-    anew = run([*EMBEDJOB, "run", str(plain), "--new-run", "--database-url", database_url], env=cache_env)
+    anew = run_on_ray(local_ray, [*EMBEDJOB, "run", str(plain), "--new-run", "--database-url", database_url], cache_env)
     assert anew.returncode == 0, anew.stdout + anew.stderr
     assert "records embedded   64" in anew.stdout
     assert query(database_url, "SELECT revision, count(*) FROM embeddings GROUP BY 1 ORDER BY 1") == \
@@ -168,11 +168,11 @@ def test_vectors_of_each_backend_and_precision_are_kept_apart(tmp_path, database
     assert record_id == json.loads(corpus_lines(0, 1)[0])["id"] and float(distance) < 0.01
 
 
-def test_a_half_precision_job_on_a_ray_without_gpus_is_refused_naming_the_field(tmp_path, database_url):
+def test_a_half_precision_job_on_a_ray_without_gpus_is_refused_naming_the_field(tmp_path, database_url, local_ray):
     source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 10))
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(merged(manifest(str(source), TORCH_MODEL), {"spec": {
         "model": {"precision": "float16"}, "workers": {"gpusPerActor": 1}}})))
-    result = run([*EMBEDJOB, "run", str(job), "--database-url", database_url])
+    result = run_on_ray(local_ray, [*EMBEDJOB, "run", str(job), "--database-url", database_url])
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert "NoGPU: spec.model.precision float16 runs on a GPU and the Ray cluster has none" in result.stdout
