@@ -34,10 +34,10 @@ from support.real_path import pod_visible_dir, real_path  # noqa: F401 - fixture
 from support.sql import query
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
-# Long enough to be preempted mid-run on an idle 2-core machine too (800 records in batches of 8 were all
-# written before Kueue's preemption took effect there while its pods ran through the default 30 s grace
-# period; start_long_job's pods stop 2 s after their deletion); every vector is encoded again in the test.
-RECORDS = 1000
+# Long enough to be preempted mid-run on an idle 2-core machine too, with a wide margin: with 600 records the first
+# driver had written 40 (10 batches) when Kueue's preemption stopped its pods (2 s after their deletion,
+# start_long_job); with 1,000 the test took 165 s in CI. Every vector is encoded again in the test.
+RECORDS = 400
 BATCH_SIZE = 4
 MAX_IN_FLIGHT = 2
 COMMITTED_BEFORE_PREEMPTION = 5  # batches the first job has written when the urgent one comes

@@ -20,11 +20,12 @@ from support.sql import query
 
 
 @pytest.mark.slow
-def test_embedjob_run_then_search(tmp_path, database_url):
+def test_embedjob_run_then_search(tmp_path, database_url, local_ray):
     write_input(tmp_path / "peps.jsonl", corpus_lines(0, 200))
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(manifest("peps.jsonl")))  # relative to the manifest's directory
-    result = run([*EMBEDJOB, "run", str(path), "--database-url", database_url])
+    # the local Ray's own start: test_the_terminal_shows_... and test_readme_commands.py
+    result = run_on_ray(local_ray, [*EMBEDJOB, "run", str(path), "--database-url", database_url])
     assert result.returncode == 0, result.stderr
     assert "records embedded   200" in result.stdout
     assert "batch latency      p50" in result.stdout and "model load" in result.stdout
