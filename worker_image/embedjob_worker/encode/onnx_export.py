@@ -134,7 +134,7 @@ def quantize_int8(exported: Path, graph: Path) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    keep_float = down_projections(onnx.load(str(exported)).graph)
+    keep_float = down_projections(onnx.load(str(exported), load_external_data=False).graph)
     quantized = exported.with_name(f"{exported.stem}-int8.onnx")
     with _quiet("root"):
         quantize_dynamic(str(exported), str(quantized), weight_type=QuantType.QInt8, per_channel=True,
