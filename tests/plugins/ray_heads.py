@@ -7,7 +7,7 @@
   the next module that asks starts it again.
 - `local_ray` (session): a head without dashboard or token authentication; yields its
   address for RAY_ADDRESS. The stand-in for KubeRay runs RayJob entrypoints on it.
-- `token_ray` (session): a head with its dashboard and RAY_AUTH_MODE=token and a fresh
+- `token_ray` (module): a head with its dashboard and RAY_AUTH_MODE=token and a fresh
   token, for the shared-pool tests; yields a `TokenRay`. Every Ray process gets the token
   through RAY_AUTH_TOKEN and a temp HOME, so the user's ~/.ray/auth_token is neither read
   nor written.
@@ -188,7 +188,7 @@ class TokenRay:
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # one module per tier uses it; idle, its dashboard costs ~6% of a core
 def token_ray(tmp_path_factory):
     token = secrets.token_hex(24)
     dashboard_port = free_port()
