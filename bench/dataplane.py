@@ -35,8 +35,7 @@ import numpy as np
 from corpus import add_corpus_argument, first_records, open_corpus
 from rounds import report, run_rounds
 from throughput import TINY_BATCH, embedjob_driver
-from tiny_model import build_tiny_model
-from scratch import scratch_dir
+from tiny_model import scratch_tiny_model
 
 from embedjob import schema
 from embedjob_worker.plan.batching import batch_key, make_batches
@@ -183,7 +182,7 @@ def stage_costs(args: argparse.Namespace) -> None:
 
 def end_to_end(args: argparse.Namespace) -> None:
     """(b)."""
-    tiny_dir = build_tiny_model(scratch_dir("embedjob-tiny-") / "model")
+    tiny_dir = scratch_tiny_model()
     tiny = {"name": "bench/tiny-random-bert", "path": str(tiny_dir)}
     records = first_records(args.texts, args.corpus)
 

