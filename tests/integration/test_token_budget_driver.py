@@ -8,7 +8,7 @@ import pytest
 
 from support.driver_crash import kill_driver_after, succeeded_attempts
 from support.corpus import corpus_lines
-from support.job_models import TORCH_MODEL
+from support.job_models import FAST_START_MODEL, TORCH_MODEL, model_as_jobs_run_it
 from support.driver_jobs import manifest, write_input
 from support.sql import query
 from embedjob.api_batching import DEFAULT_CPU_MAX_TOKENS
@@ -26,8 +26,9 @@ pytestmark = pytest.mark.slow
 MODEL_LIMIT = 256  # the packaged all-MiniLM-L6-v2's max_seq_length
 
 
-def budget_manifest(source, name: str, max_tokens: int, batch_size: int = 128, max_in_flight: int = 4) -> dict:
-    spec = manifest(source, name, batch_size=batch_size, max_in_flight=max_in_flight, model=TORCH_MODEL)
+def budget_manifest(source, name: str, max_tokens: int, batch_size: int = 128, max_in_flight: int = 4,
+                    model: dict = FAST_START_MODEL) -> dict:
+    spec = manifest(source, name, batch_size=batch_size, max_in_flight=max_in_flight, model=model)
     spec["spec"]["batching"]["maxTokens"] = max_tokens
     return spec
 
@@ -55,14 +56,14 @@ def test_budget_batches_follow_the_plan_and_their_vectors_equal_a_direct_encode(
 
     rows = query(database_url, "SELECT record_id, text, embedding::text AS embedding FROM embeddings ORDER BY record_id")
     assert [r.record_id for r in rows] == sorted(r.id for r in records)
-    model = load_model(resolved, device="cpu")
-    reference = model.encode([r.text for r in rows], normalize_embeddings=True, convert_to_numpy=True)
+    reference = model_as_jobs_run_it(job.spec.model).encode([r.text for r in rows], normalize_embeddings=True,
+                                                            convert_to_numpy=True)
     np.testing.assert_allclose(np.array([json.loads(r.embedding) for r in rows]), reference, atol=1e-5)
 
 
 def test_a_spec_without_batch_size_or_max_tokens_gets_the_cpu_budget(ray_address, database_url, tmp_path):
     source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 300))
-    spec = manifest(source, "defaulted", model=TORCH_MODEL)
+    spec = manifest(source, "defaulted")
     del spec["spec"]["batching"]["batchSize"]
     job = JobConfig.from_manifest(spec)
     summary = run_job(job, database_url)
@@ -95,7 +96,9 @@ def test_the_driver_counts_tokens_as_the_model_truncates_them_by_the_tokenizer_b
 
 def test_an_out_of_memory_budget_batch_is_split_and_still_succeeds(ray_address, database_url, tmp_path):
     source = write_input(tmp_path / "oom.jsonl", corpus_lines(2100, 64))
-    job = JobConfig.from_manifest(budget_manifest(source, "budget-oom", max_tokens=100_000, batch_size=64))
+    # torch's own out-of-memory error (torch.OutOfMemoryError), split as the other backends' MemoryError is
+    job = JobConfig.from_manifest(budget_manifest(source, "budget-oom", max_tokens=100_000, batch_size=64,
+                                                  model=TORCH_MODEL))
     summary = run_job(job, database_url, DriverOptions(fault_injection={"oom_above": 8}))
     assert summary.state == "succeeded", summary.error
     assert summary.oom_splits >= 1
