@@ -30,19 +30,19 @@ def valid_ids(path: Path) -> set[str]:
 
 
 def test_a_job_writes_one_row_per_valid_record_and_a_rerun_changes_nothing(ray_address, database_url, tmp_path):
-    source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 500))
-    job = JobConfig.from_manifest(manifest(source, "fivehundred"))
+    source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 250))
+    job = JobConfig.from_manifest(manifest(source, "whole"))
     summary = run_job(job, database_url)
     assert summary.state == "succeeded", summary.error
     expected = valid_ids(source)
-    assert len(expected) > 450
+    assert len(expected) > 225
     written = query(database_url, "SELECT record_id, updated_at FROM embeddings ORDER BY record_id")
     assert {r.record_id for r in written} == expected and len(written) == len(expected)
     run = query(database_url, "SELECT state, batches_total, batches_succeeded, records_embedded, records_total,"
                 " texts_per_second FROM embedjob_runs")
     assert len(run) == 1
     assert run[0].state == "succeeded" and run[0].batches_succeeded == run[0].batches_total
-    assert run[0].records_embedded == len(expected) and run[0].records_total == 500
+    assert run[0].records_embedded == len(expected) and run[0].records_total == 250
     assert run[0].texts_per_second > 0
 
     again = run_job(job, database_url)

@@ -23,7 +23,7 @@ MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
 def test_a_run_builds_the_index_once_and_search_through_it_finds_the_exact_neighbours(ray_address, database_url,
                                                                                        tmp_path):
-    source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 800))
+    source = write_input(tmp_path / "peps.jsonl", corpus_lines(0, 400))
     job = JobConfig.from_manifest(merged(manifest(source, "indexed"), {"spec": {"sink": {"index": {"type": "hnsw"}}}}))
     summary = run_job(job, database_url)
     assert summary.state == "succeeded", summary.error
@@ -41,7 +41,7 @@ def test_a_run_builds_the_index_once_and_search_through_it_finds_the_exact_neigh
     engine = db.create_engine(database_url)
     found = 0
     with engine.connect() as conn:
-        # On 800 rows the planner would rather read and sort them all, which finds the exact neighbours whatever
+        # On 400 rows the planner would rather read and sort them all, which finds the exact neighbours whatever
         # the index holds: sorting off for this session, so both the recall and the plan are the index's.
         conn.execute(sa.text("SET enable_sort = off"))
         for i in picks:
