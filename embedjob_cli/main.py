@@ -28,7 +28,7 @@ from embedjob_worker.core.errors import JobFailed, Unreachable, unreachable_exit
 from embedjob_cli import job_logs, model_revision, render, search_command  # noqa: E402
 from embedjob_cli.noise import quiet_libraries  # noqa: E402
 from embedjob_worker.core.logs import configure_logging, log_event, mask_secrets, mask_url  # noqa: E402
-from embedjob_cli.search import nearest, revision_refusal  # noqa: E402
+from embedjob_cli.search import nearest, revision_refusal, searchable_vector_type  # noqa: E402
 from embedjob_worker.sink.target import SinkTarget  # noqa: E402
 from embedjob_worker.sink.vector_index import metric_for  # noqa: E402
 
@@ -223,15 +223,27 @@ def _print_summary(summary) -> None:
     print("\n".join(lines))
 
 
-def _search(config: JobConfig, database_url: Callable[[], str], args: argparse.Namespace) -> int:
-    import sqlalchemy as sa
+def _query_vector(resolved, args: argparse.Namespace):
+    """The query embedded like the vectors: same backend, precision, export (from this machine's cache) and
+    dimensions, after the query prompt (model_card.query_prompt: as encode_query picks it)."""
     from transformers.utils import logging as transformers_logging
 
     from embedjob_worker.encode.exported import load_on_this_machine
-    from embedjob_worker.encode.model import resolve_model
     from embedjob_worker.encode.model_card import model_prompts, query_prompt
 
     transformers_logging.disable_progress_bar()  # no "Loading weights" bar before the answer
+    model = load_on_this_machine(resolved)
+    prompt = args.prompt if args.prompt is not None else query_prompt(model_prompts(resolved.location,
+                                                                                    resolved.hub_revision))
+    return model.encode([args.query], prompt=prompt, truncate_dim=resolved.dimensions, normalize_embeddings=True,
+                        convert_to_numpy=True)[0].astype("float32")
+
+
+def _search(config: JobConfig, database_url: Callable[[], str], args: argparse.Namespace) -> int:
+    import sqlalchemy as sa
+
+    from embedjob_worker.encode.model import resolve_model
+
     try:
         resolved = resolve_model(config.spec.model)
     except (OSError, ValueError) as exc:
@@ -240,13 +252,6 @@ def _search(config: JobConfig, database_url: Callable[[], str], args: argparse.N
     except JobFailed as exc:  # a prompt the model does not declare, a backend that cannot take it
         print(f"embedjob: {exc}", file=sys.stderr)
         return ExitCode.INVALID_CONFIG
-    # The query is embedded like the vectors: same backend, precision, export (from this machine's cache) and
-    # dimensions, after the query prompt (model_card.query_prompt: as encode_query picks it).
-    model = load_on_this_machine(resolved)
-    prompt = args.prompt if args.prompt is not None else query_prompt(model_prompts(resolved.location,
-                                                                                    resolved.hub_revision))
-    query = model.encode([args.query], prompt=prompt, truncate_dim=resolved.dimensions, normalize_embeddings=True,
-                         convert_to_numpy=True)[0].astype("float32")
     engine = db.create_engine(database_url())
     try:
         # the table the job's runs write: in the schema the role creates tables in, never found through the search path
@@ -254,8 +259,14 @@ def _search(config: JobConfig, database_url: Callable[[], str], args: argparse.N
         with engine.connect() as conn:
             refusal = None if args.incoming else revision_refusal(conn, target.vectors, target.collection,
                                                                   resolved.name, resolved.revision)
-            hits = None if refusal else nearest(conn, target.vectors, target.collection, resolved.name, resolved.revision, query, args.k,
-                           metric_for(config.spec.model.normalize), args.ef_search, args.where)
+            readable = refusal is None and searchable_vector_type(conn, target.vectors, args.where) is not None
+        hits = None
+        # The model loads (seconds) only for a search that reads, and in no transaction: a refusal comes at once.
+        if readable:
+            query = _query_vector(resolved, args)
+            with engine.connect() as conn:
+                hits = nearest(conn, target.vectors, target.collection, resolved.name, resolved.revision, query,
+                               args.k, metric_for(config.spec.model.normalize), args.ef_search, args.where)
     except sa.exc.OperationalError as exc:
         raise Unreachable(f"cannot reach the database: {str(exc.orig).splitlines()[0]}") from None
     except (ValueError, JobFailed) as exc:  # no schema; a table search cannot read (another vector type, pre-chunking)

@@ -99,10 +99,9 @@ def _metadata_filter(where: list[tuple[str, str]]) -> tuple[str, dict[str, str]]
     return "".join(f" AND {c}" for c in conditions), params
 
 
-def nearest(conn: sa.Connection, table: VectorsTable, collection: str, model: str, revision: str, query: np.ndarray, k: int,
-            metric: Metric, ef_search: int | None = None, where: list[tuple[str, str]] = ()) -> list[Hit] | None:
-    """The k rows of (collection, model, revision) nearest to `query` whose metadata has each of `where`'s values;
-    None when the table does not exist. Runs in the connection's transaction (the search settings are local to it)."""
+def searchable_vector_type(conn: sa.Connection, table: VectorsTable, where: list[tuple[str, str]] = ()) -> str | None:
+    """The type of the vectors table's embedding column (vector or halfvec), None when the table does not exist;
+    ValueError naming what keeps search from reading it (another type, no chunk column, no metadata to filter on)."""
     columns = column_types(conn, table)
     vector_type = columns.get("embedding")
     if not columns:
@@ -114,6 +113,16 @@ def nearest(conn: sa.Connection, table: VectorsTable, collection: str, model: st
                          "in place (docs/chunking.md)")
     if where and "metadata" not in columns:
         raise ValueError(f"table {table} keeps no metadata: --where filters on what spec.source.metadataFields keeps")
+    return vector_type
+
+
+def nearest(conn: sa.Connection, table: VectorsTable, collection: str, model: str, revision: str, query: np.ndarray, k: int,
+            metric: Metric, ef_search: int | None = None, where: list[tuple[str, str]] = ()) -> list[Hit] | None:
+    """The k rows of (collection, model, revision) nearest to `query` whose metadata has each of `where`'s values;
+    None when the table does not exist. Runs in the connection's transaction (the search settings are local to it)."""
+    vector_type = searchable_vector_type(conn, table, where)
+    if vector_type is None:
+        return None
     conditions, where_params = _metadata_filter(list(where))
     conn.execute(sa.text("SELECT set_config('hnsw.ef_search', :ef, true),"
                          " set_config('hnsw.iterative_scan', 'strict_order', true)"),
