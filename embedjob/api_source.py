@@ -97,7 +97,8 @@ class Source(ApiModel):
         ),
     ] = None
     format: SourceFormat = Field(
-        SourceFormat.jsonl, description="Input format: jsonl (one JSON object a line), csv (with a header row) or parquet."
+        SourceFormat.jsonl, validate_default=True,
+        description="Input format: jsonl (one JSON object a line), csv (with a header row) or parquet."
     )
     id_field: str = Field(
         "id", min_length=1, max_length=256,

@@ -21,6 +21,8 @@ def spec_with(model: dict, workers: dict | None = None) -> dict:
 def test_defaults_are_torch_float32():
     model = api.parse_spec(SPEC).model
     assert (model.backend, model.precision) == ("torch", "float32")
+    # the values themselves, as given ones are: an enum member would print as ModelPrecision.float32 in a revision
+    assert f"{model.backend}-{model.precision}-{api.parse_spec(SPEC).source.format}" == "torch-float32-jsonl"
 
 
 @pytest.mark.parametrize("model, workers", [
@@ -80,6 +82,8 @@ def test_a_resolved_package_model_records_the_tagged_revision():
     plain = resolve_model(api.parse_spec(SPEC).model)
     quantized = resolve_model(api.parse_spec(spec_with({"backend": "openvino", "precision": "int8"})).model)
     assert quantized.revision == plain.revision + "+openvino-int8"
+    assert resolve_model(api.parse_spec(spec_with({"backend": "onnx"})).model).revision == plain.revision + \
+        "+onnx-float32"  # the precision left out: its default's value, as if given
     assert quantized.location == plain.location and quantized.exported and not plain.exported
     # different revisions: never the same shared pool of actors, nor the same export
     assert pool_name(plain, 1, 0) != pool_name(quantized, 1, 0)
