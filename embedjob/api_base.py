@@ -27,6 +27,8 @@ class ApiModel(BaseModel):
         populate_by_name=True,
         extra="forbid",
         use_enum_values=True,
+        # defaults go through validation too, so an enum default is its value ("torch") as a given one is
+        validate_default=True,
     )
 
 

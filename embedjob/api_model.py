@@ -159,13 +159,13 @@ class Model(ApiModel):
     )
 
     backend: ModelBackend = Field(
-        ModelBackend.torch, validate_default=True,  # the value, "torch", as a given one is (use_enum_values)
+        ModelBackend.torch,
         description="Runtime of the transformer (sentence-transformers' backend): torch, onnx or openvino. "
         "onnx and openvino models are exported (and quantized) once per job by the driver. Recorded in the "
         "vectors' revision.",
     )
     precision: ModelPrecision = Field(
-        ModelPrecision.float32, validate_default=True,
+        ModelPrecision.float32,
         description="Numeric precision: float32; float16 or bfloat16 (backend torch, on a GPU: gpusPerActor > 0); "
         "int8 (backend onnx or openvino: dynamic quantization on CPU). Recorded in the vectors' revision, so "
         "vectors of different precisions never mix.",

@@ -51,7 +51,7 @@ class VectorIndex(ApiModel):
     )
 
     type: IndexType = Field(
-        IndexType.none, validate_default=True,
+        IndexType.none,
         description="hnsw: a pgvector HNSW index with the operator class that matches model.normalize (inner "
         "product for normalised vectors, cosine otherwise); none: no index (exact search by sequential scan).",
     )
@@ -143,7 +143,7 @@ class Sink(ApiModel):
         "view; docs/revisions.md).",
     )
     vector_type: VectorType = Field(
-        VectorType.vector, validate_default=True,
+        VectorType.vector,
         description="Column type of the vectors: vector (32-bit floats) or halfvec (16-bit floats, half the "
         "bytes per row). A table keeps the type it was created with; a job of the other type is refused.",
     )

@@ -97,7 +97,7 @@ class Source(ApiModel):
         ),
     ] = None
     format: SourceFormat = Field(
-        SourceFormat.jsonl, validate_default=True,
+        SourceFormat.jsonl,
         description="Input format: jsonl (one JSON object a line), csv (with a header row) or parquet."
     )
     id_field: str = Field(
