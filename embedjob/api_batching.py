@@ -24,16 +24,17 @@ from .api_rules import cel
 
 # The defaults, and why (docs/token-budget.md has the measurements):
 # - on a CPU, the budget that embedded the PEP paragraphs fastest with all-MiniLM-L6-v2 among
-#   1024-16384 (bench/token_budget.py, interleaved rounds): a smaller one pays a model call and
-#   a write per few records, a larger one pads more (attention cost grows with the padded length);
-DEFAULT_CPU_MAX_TOKENS = 8192
+#   2048-16384 on an idle machine (bench/token_budget.py, interleaved rounds; 2048 as fast, less
+#   steadily): a smaller one pays a model call and a write per few records, a larger one pads more
+#   (attention cost grows with the padded length);
+DEFAULT_CPU_MAX_TOKENS = 4096
 # - on a GPU, text-embeddings-inference's default --max-batch-tokens: a padded batch of this
 #   size keeps a GPU busy with small and base-size encoders, and its activations fit the
 #   memory of any current data-centre GPU (not measured here: no GPU on the build machine);
 DEFAULT_GPU_MAX_TOKENS = 16_384
 # - the most records of a batch under a budget the user did not bound by batchSize: the bound
 #   bench/token_budget.py measured the budgets with; on a CPU only texts of at most
-#   DEFAULT_CPU_MAX_TOKENS / 512 = 16 tokens reach it, and it keeps what a lost batch costs and
+#   DEFAULT_CPU_MAX_TOKENS / 512 = 8 tokens reach it, and it keeps what a lost batch costs and
 #   one batch's bookkeeping (ids, results) small;
 DEFAULT_BUDGET_RECORDS = 512
 # - fixed batches where no budget can apply (sortWindow 0): the batchSize default from before
@@ -122,7 +123,7 @@ class ChosenBatching:
     max_tokens_origin: str | None  # None: set in the spec (or no budget); else e.g. "default for CPU"
 
     def __str__(self) -> str:
-        """What `embedjob render` and the run's summary show, e.g. "maxTokens 8192 (default for CPU), at most 512
+        """What `embedjob render` and the run's summary show, e.g. "maxTokens 4096 (default for CPU), at most 512
         records a batch (default with a budget)"."""
         def told(text: str, origin: str | None) -> str:
             return f"{text} ({origin})" if origin else text
